@@ -1,0 +1,119 @@
+use std::path::PathBuf;
+
+use cairn_core::{InputError, MemoryId};
+use thiserror::Error;
+
+/// Errors of the store. Every failed write leaves the database as it was.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Bad input (empty text, a bad vector, a bad thread id, ...).
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// No memory has this id.
+    #[error("no memory with id {id}")]
+    NotFound {
+        /// The unknown id.
+        id: MemoryId,
+    },
+    /// The memory exists but is not a summary.
+    #[error("memory {id} is not a summary")]
+    NotASummary {
+        /// The id.
+        id: MemoryId,
+    },
+    /// A memory with this id already exists.
+    #[error("a memory with id {id} already exists")]
+    DuplicateId {
+        /// The id.
+        id: MemoryId,
+    },
+    /// A summary was given no sources.
+    #[error("a summary needs at least one source")]
+    EmptySources,
+    /// A summary lists the same source twice.
+    #[error("source {id} is listed more than once")]
+    DuplicateSource {
+        /// The repeated id.
+        id: MemoryId,
+    },
+    /// A summary cites itself.
+    #[error("summary {id} cannot cite itself")]
+    SelfReference {
+        /// The summary.
+        id: MemoryId,
+    },
+    /// A summary would cite one of its own ancestors.
+    #[error("linking {summary} to {ancestor} would make a cycle ({ancestor} already summarizes {summary})")]
+    Cycle {
+        /// The summary.
+        summary: MemoryId,
+        /// The proposed source, already an ancestor of the summary.
+        ancestor: MemoryId,
+    },
+    /// `Restrict` refused a delete because summaries cite the memory.
+    #[error("memory {id} is cited by {} summaries; delete them first or use the Cascade or Detach policy", summaries.len())]
+    CitedBySummaries {
+        /// The memory that was not deleted.
+        id: MemoryId,
+        /// The summaries that cite it.
+        summaries: Vec<MemoryId>,
+    },
+    /// The database was made with another embedding model.
+    #[error("the store was built with model {stored_model:?} ({stored_dim} dimensions), not {requested_model:?} ({requested_dim} dimensions); open it with the same model, or re-embed it")]
+    ModelMismatch {
+        /// Model id in the database.
+        stored_model: String,
+        /// Dimension in the database.
+        stored_dim: usize,
+        /// Model id asked for.
+        requested_model: String,
+        /// Dimension asked for.
+        requested_dim: usize,
+    },
+    /// The database was written by a newer version of Cairn.
+    #[error("the database format version is {found}, newer than the {supported} this build reads; upgrade Cairn")]
+    FormatTooNew {
+        /// Version found.
+        found: i64,
+        /// Highest version this build reads.
+        supported: i64,
+    },
+    /// The file is not a Cairn database (or is damaged beyond SQLite's own recovery).
+    #[error("{} is not a readable Cairn database: {message}", path.display())]
+    NotADatabase {
+        /// The file.
+        path: PathBuf,
+        /// What SQLite said.
+        message: String,
+    },
+    /// The disk is full: nothing was written; free space and retry.
+    #[error("the disk is full; nothing was written (free space and retry)")]
+    DiskFull,
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The writer thread has stopped (it panicked or the store is closing).
+    #[error("the store's writer thread has stopped")]
+    WriterGone,
+    /// An SQLite error not covered above.
+    #[error("sqlite: {0}")]
+    Sqlite(rusqlite::Error),
+    /// An I/O error (index snapshot files).
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        if let rusqlite::Error::SqliteFailure(f, _) = &e {
+            if f.code == rusqlite::ErrorCode::DiskFull {
+                return StoreError::DiskFull;
+            }
+        }
+        StoreError::Sqlite(e)
+    }
+}
+
+/// Result with [`StoreError`].
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -1,0 +1,268 @@
+//! Row encoding: memories to and from SQLite values, and filter clauses.
+
+use chrono::{DateTime, Utc};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use cairn_core::{
+    InputError, MemoryId, MemoryKind, MemoryUnit, Metadata, Role, SummaryInfo, SummaryType,
+    ThreadId,
+};
+
+use crate::{Result, StoreError};
+
+/// Columns read for a memory, in the order [`decode`] expects (alias `m`).
+pub(crate) const COLS: &str = "m.rid, m.id, m.kind, m.thread_id, m.role, m.content, m.created_at, \
+     m.metadata, m.level, m.summary_type, m.time_start, m.time_end, m.source_count, m.stale";
+
+/// A decoded row plus its rowid (summary sources are attached afterwards).
+pub(crate) struct RawRow {
+    pub rid: i64,
+    pub unit: MemoryUnit,
+}
+
+pub(crate) fn to_micros(t: DateTime<Utc>) -> i64 {
+    t.timestamp_micros()
+}
+
+pub(crate) fn from_micros(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+fn corrupt(what: &str, detail: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        0,
+        rusqlite::types::Type::Text,
+        format!("stored {what} is invalid: {detail}").into(),
+    )
+}
+
+/// Decodes a row selected with [`COLS`].
+pub(crate) fn decode(r: &Row<'_>) -> rusqlite::Result<RawRow> {
+    let rid: i64 = r.get(0)?;
+    let id: [u8; 16] = r.get(1)?;
+    let kind: String = r.get(2)?;
+    let kind: MemoryKind = kind.parse().map_err(|e| corrupt("kind", e))?;
+    let thread: Option<String> = r.get(3)?;
+    let thread_id = thread
+        .map(ThreadId::new)
+        .transpose()
+        .map_err(|e| corrupt("thread", e))?;
+    let role: Option<String> = r.get(4)?;
+    let role = role
+        .map(|x| x.parse::<Role>())
+        .transpose()
+        .map_err(|e| corrupt("role", e))?;
+    let metadata: String = r.get(7)?;
+    let metadata: Metadata =
+        serde_json::from_str(&metadata).map_err(|e| corrupt("metadata", e))?;
+    let level: u32 = r.get(8)?;
+    let summary_type: Option<String> = r.get(9)?;
+    let summary = match summary_type {
+        None => None,
+        Some(t) => {
+            let summary_type: SummaryType = t.parse().map_err(|e| corrupt("summary type", e))?;
+            let start: Option<i64> = r.get(10)?;
+            let end: Option<i64> = r.get(11)?;
+            let count: Option<i64> = r.get(12)?;
+            let stale: bool = r.get(13)?;
+            Some(SummaryInfo {
+                summary_type,
+                source_ids: Vec::new(),
+                time_range_start: from_micros(start.unwrap_or(0)),
+                time_range_end: from_micros(end.unwrap_or(0)),
+                source_count: usize::try_from(count.unwrap_or(0)).unwrap_or(0),
+                level,
+                stale,
+            })
+        }
+    };
+    Ok(RawRow {
+        rid,
+        unit: MemoryUnit {
+            id: MemoryId::from_bytes(id),
+            kind,
+            thread_id,
+            role,
+            content: r.get(5)?,
+            created_at: from_micros(r.get(6)?),
+            metadata,
+            level,
+            summary,
+        },
+    })
+}
+
+/// Fills in `source_ids` of every summary row.
+pub(crate) fn attach_sources(conn: &Connection, rows: &mut [RawRow]) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT s.id FROM summary_sources l JOIN memories s ON s.rid = l.source
+         WHERE l.summary = ?1 ORDER BY l.position",
+    )?;
+    for row in rows.iter_mut() {
+        if let Some(info) = row.unit.summary.as_mut() {
+            info.source_ids = stmt
+                .query_map(params![row.rid], |r| {
+                    r.get::<_, [u8; 16]>(0).map(MemoryId::from_bytes)
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads rows with a `WHERE` clause (over alias `m`) and attaches summary sources.
+pub(crate) fn query_units(
+    conn: &Connection,
+    where_order: &str,
+    args: &[Value],
+) -> Result<Vec<MemoryUnit>> {
+    let sql = format!("SELECT {COLS} FROM memories m {where_order}");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows: Vec<RawRow> = stmt
+        .query_map(rusqlite::params_from_iter(args.iter()), decode)?
+        .collect::<rusqlite::Result<_>>()?;
+    attach_sources(conn, &mut rows)?;
+    Ok(rows.into_iter().map(|r| r.unit).collect())
+}
+
+/// The rowid of a memory id.
+pub(crate) fn rid_of(conn: &Connection, id: MemoryId) -> Result<i64> {
+    conn.prepare_cached("SELECT rid FROM memories WHERE id = ?1")?
+        .query_row(params![id.as_bytes()], |r| r.get(0))
+        .optional()?
+        .ok_or(StoreError::NotFound { id })
+}
+
+/// Reads one memory.
+pub(crate) fn get_unit(conn: &Connection, id: MemoryId) -> Result<MemoryUnit> {
+    query_units(
+        conn,
+        "WHERE m.id = ?1",
+        &[Value::Blob(id.as_bytes().to_vec())],
+    )?
+    .pop()
+    .ok_or(StoreError::NotFound { id })
+}
+
+/// Encodes a vector as little-endian f32 bytes.
+pub(crate) fn encode_vector(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Decodes a little-endian f32 BLOB.
+pub(crate) fn decode_vector(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Which memories a read or search considers.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Filter {
+    /// Only these kinds (all kinds when empty).
+    pub kinds: Vec<MemoryKind>,
+    /// Only this thread.
+    pub thread: Option<ThreadId>,
+    /// Only levels at or above.
+    pub min_level: Option<u32>,
+    /// Only levels at or below.
+    pub max_level: Option<u32>,
+    /// Only memories created at or after.
+    pub after: Option<DateTime<Utc>>,
+    /// Only memories created before.
+    pub before: Option<DateTime<Utc>>,
+}
+
+impl Filter {
+    /// No restriction.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Restricts to kinds.
+    pub fn kinds(mut self, kinds: impl IntoIterator<Item = MemoryKind>) -> Self {
+        self.kinds = kinds.into_iter().collect();
+        self
+    }
+
+    /// Restricts to a thread.
+    pub fn thread(mut self, thread: ThreadId) -> Self {
+        self.thread = Some(thread);
+        self
+    }
+
+    /// Restricts to a level range (inclusive).
+    pub fn levels(mut self, min: u32, max: u32) -> Self {
+        self.min_level = Some(min);
+        self.max_level = Some(max);
+        self
+    }
+
+    /// Restricts to `[after, before)`.
+    pub fn between(mut self, after: DateTime<Utc>, before: DateTime<Utc>) -> Self {
+        self.after = Some(after);
+        self.before = Some(before);
+        self
+    }
+
+    /// True when nothing is restricted.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), InputError> {
+        if let (Some(a), Some(b)) = (self.after, self.before) {
+            if a > b {
+                return Err(InputError::InvalidTimeRange);
+            }
+        }
+        if let (Some(a), Some(b)) = (self.min_level, self.max_level) {
+            if a > b {
+                return Err(InputError::OutOfRange {
+                    name: "min_level",
+                    value: a.to_string(),
+                    expected: "at most max_level",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// SQL conditions over alias `m` (each starting with " AND "), with their parameters.
+    pub(crate) fn sql(&self) -> (String, Vec<Value>) {
+        let mut sql = String::new();
+        let mut args = Vec::new();
+        if !self.kinds.is_empty() {
+            sql.push_str(" AND m.kind IN (");
+            for (i, k) in self.kinds.iter().enumerate() {
+                sql.push_str(if i == 0 { "?" } else { ", ?" });
+                args.push(Value::Text(k.as_str().to_owned()));
+            }
+            sql.push(')');
+        }
+        if let Some(t) = &self.thread {
+            sql.push_str(" AND m.thread_id = ?");
+            args.push(Value::Text(t.as_str().to_owned()));
+        }
+        if let Some(l) = self.min_level {
+            sql.push_str(" AND m.level >= ?");
+            args.push(Value::Integer(i64::from(l)));
+        }
+        if let Some(l) = self.max_level {
+            sql.push_str(" AND m.level <= ?");
+            args.push(Value::Integer(i64::from(l)));
+        }
+        if let Some(t) = self.after {
+            sql.push_str(" AND m.created_at >= ?");
+            args.push(Value::Integer(to_micros(t)));
+        }
+        if let Some(t) = self.before {
+            sql.push_str(" AND m.created_at < ?");
+            args.push(Value::Integer(to_micros(t)));
+        }
+        (sql, args)
+    }
+}

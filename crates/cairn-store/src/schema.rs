@@ -1,0 +1,144 @@
+//! SQLite schema and migrations, versioned with `PRAGMA user_version`.
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::{Result, StoreError, StoreOptions};
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Migrations: entry `i` moves a database from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE store_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE memories (
+    rid          INTEGER PRIMARY KEY,
+    id           BLOB NOT NULL UNIQUE CHECK (length(id) = 16),
+    vid          INTEGER NOT NULL UNIQUE,
+    kind         TEXT NOT NULL,
+    thread_id    TEXT,
+    role         TEXT,
+    content      TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    metadata     TEXT NOT NULL DEFAULT '{}',
+    level        INTEGER NOT NULL DEFAULT 0,
+    summary_type TEXT,
+    time_start   INTEGER,
+    time_end     INTEGER,
+    source_count INTEGER,
+    stale        INTEGER NOT NULL DEFAULT 0,
+    model_id     TEXT NOT NULL,
+    embedding    BLOB NOT NULL
+);
+CREATE INDEX memories_thread_time ON memories (thread_id, created_at);
+CREATE INDEX memories_kind_level ON memories (kind, level, created_at);
+CREATE INDEX memories_time ON memories (created_at);
+
+CREATE TABLE summary_sources (
+    summary  INTEGER NOT NULL REFERENCES memories (rid) ON DELETE CASCADE,
+    source   INTEGER NOT NULL REFERENCES memories (rid) ON DELETE RESTRICT,
+    position INTEGER NOT NULL,
+    PRIMARY KEY (summary, position),
+    UNIQUE (summary, source)
+) WITHOUT ROWID;
+CREATE INDEX summary_sources_source ON summary_sources (source);
+
+CREATE VIRTUAL TABLE memories_fts USING fts5 (
+    content,
+    content = 'memories',
+    content_rowid = 'rid',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+"#];
+
+/// Applies connection settings: WAL, busy timeout, foreign keys, synchronous level.
+pub fn configure(conn: &Connection, synchronous_full: bool) -> Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    let sync = if synchronous_full { "FULL" } else { "NORMAL" };
+    conn.pragma_update(None, "synchronous", sync)?;
+    Ok(())
+}
+
+/// Brings the database to [`SCHEMA_VERSION`] and checks its model identity.
+///
+/// A database from a newer build is refused; a fresh one records `options`' model id and
+/// dimension.
+pub fn migrate(conn: &mut Connection, options: &StoreOptions) -> Result<()> {
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(mode, "could not switch the database to WAL mode");
+    }
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::FormatTooNew {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let start = usize::try_from(version).map_err(|_| StoreError::FormatTooNew {
+        found: version,
+        supported: SCHEMA_VERSION,
+    })?;
+    if start == 0 {
+        // A version-0 file must be empty: refuse to build our schema beside someone else's.
+        let tables: i64 = conn.query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+            [],
+            |r| r.get(0),
+        )?;
+        if tables > 0 {
+            return Err(StoreError::Config(
+                "the file is an SQLite database of another application (it has tables but no Cairn schema version)".into(),
+            ));
+        }
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(start) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i64::try_from(i + 1).unwrap_or(i64::MAX))?;
+        tx.commit()?;
+    }
+    check_identity(conn, options)
+}
+
+fn check_identity(conn: &Connection, options: &StoreOptions) -> Result<()> {
+    let get = |key: &str| -> Result<Option<String>> {
+        Ok(conn
+            .query_row(
+                "SELECT value FROM store_meta WHERE key = ?1",
+                params![key],
+                |r| r.get(0),
+            )
+            .optional()?)
+    };
+    match (get("model_id")?, get("dim")?) {
+        (Some(model), Some(dim)) => {
+            let stored_dim: usize = dim.parse().unwrap_or(0);
+            if model != options.model_id || stored_dim != options.dim {
+                return Err(StoreError::ModelMismatch {
+                    stored_model: model,
+                    stored_dim,
+                    requested_model: options.model_id.clone(),
+                    requested_dim: options.dim,
+                });
+            }
+            Ok(())
+        }
+        _ => {
+            conn.execute(
+                "INSERT OR REPLACE INTO store_meta (key, value) VALUES
+                 ('model_id', ?1), ('dim', ?2), ('format_version', ?3), ('next_vid', COALESCE((SELECT value FROM store_meta WHERE key = 'next_vid'), '1'))",
+                params![
+                    options.model_id,
+                    options.dim.to_string(),
+                    SCHEMA_VERSION.to_string()
+                ],
+            )?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,1369 @@
+//! The store handle: one writer thread, a pool of readers, the vector index.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use chrono::{DateTime, Utc};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Transaction};
+use serde::{Deserialize, Serialize};
+
+use cairn_core::{
+    check_metadata, normalized, validate_vector, InputError, MemoryId, MemoryKind, MemoryUnit,
+    Metadata, NewMemory, SummaryType, ThreadId,
+};
+
+use crate::index::{snapshot_dir, Attr, Entry, IndexHealth, VectorIndex};
+use crate::rows::{self, decode_vector, encode_vector, from_micros, query_units, to_micros};
+use crate::schema;
+use crate::{DeletePolicy, Filter, Result, StoreError, StoreOptions};
+
+/// A summary to be written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewSummary {
+    /// The id to use; fresh when `None`.
+    pub id: Option<MemoryId>,
+    /// Summary text.
+    pub content: String,
+    /// The memories it summarizes, in order; at least one, no repeats.
+    pub source_ids: Vec<MemoryId>,
+    /// Thread, if any.
+    pub thread_id: Option<ThreadId>,
+    /// What it summarizes.
+    pub summary_type: SummaryType,
+    /// Free JSON object.
+    pub metadata: Metadata,
+    /// When it was written; the clock when `None`.
+    pub created_at: Option<DateTime<Utc>>,
+}
+
+impl NewSummary {
+    /// A conversation summary of `source_ids`.
+    pub fn new(content: impl Into<String>, source_ids: Vec<MemoryId>) -> Self {
+        Self {
+            id: None,
+            content: content.into(),
+            source_ids,
+            thread_id: None,
+            summary_type: SummaryType::Conversation,
+            metadata: Metadata::new(),
+            created_at: None,
+        }
+    }
+
+    /// Sets the thread.
+    pub fn with_thread(mut self, thread: Option<ThreadId>) -> Self {
+        self.thread_id = thread;
+        self
+    }
+
+    /// Sets the summary type.
+    pub fn with_type(mut self, t: SummaryType) -> Self {
+        self.summary_type = t;
+        self
+    }
+
+    /// Sets the metadata.
+    pub fn with_metadata(mut self, m: Metadata) -> Self {
+        self.metadata = m;
+        self
+    }
+}
+
+/// What a delete did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeleteReport {
+    /// Every memory removed (the target first, then cascaded summaries).
+    pub deleted: Vec<MemoryId>,
+    /// Summaries that lost a link and were marked stale (Detach).
+    pub detached: Vec<MemoryId>,
+}
+
+/// A search hit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hit {
+    /// The memory.
+    pub memory: MemoryUnit,
+    /// Cosine similarity (vector search) or negated BM25 (keyword search): higher is better.
+    pub score: f32,
+}
+
+/// Counts and health.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoreStats {
+    /// Memories in total.
+    pub total: usize,
+    /// Memories per kind.
+    pub by_kind: HashMap<String, usize>,
+    /// Memories per level.
+    pub by_level: HashMap<u32, usize>,
+    /// Summaries marked stale.
+    pub stale_summaries: usize,
+    /// Summary links.
+    pub links: usize,
+    /// The vector index.
+    pub index: IndexHealth,
+    /// Times the index was rebuilt from SQLite since opening, and why the last time.
+    pub rebuilds: usize,
+    /// Why the index was last rebuilt, if it was.
+    pub last_rebuild_reason: Option<String>,
+}
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+struct Shared {
+    path: PathBuf,
+    snapshot_dir: PathBuf,
+    options: StoreOptions,
+    index: VectorIndex,
+    rebuilds: Mutex<(usize, Option<String>)>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    tx: Mutex<Option<SyncSender<Job>>>,
+    writer: Mutex<Option<JoinHandle<Result<()>>>>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(tx);
+        if let Some(h) = self
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "index snapshot on close failed"),
+                Err(_) => tracing::warn!("the writer thread panicked"),
+            }
+        }
+    }
+}
+
+/// A Cairn store: SQLite rows (the source of truth) and an HNSW index derived from them.
+///
+/// A cheap `Clone` handle, `Send + Sync`. Writes go to one writer thread in order; reads use
+/// a pool of read-only connections. Every method blocks: async callers run them through
+/// `spawn_blocking`.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.inner.shared.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn open_rw(path: &Path, options: &StoreOptions) -> Result<Connection> {
+    let conn = Connection::open(path)?;
+    schema::configure(&conn, options.synchronous_full)?;
+    Ok(conn)
+}
+
+fn not_a_db(path: &Path, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, msg))
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt
+            ) =>
+        {
+            StoreError::NotADatabase {
+                path: path.to_owned(),
+                message: msg.unwrap_or_else(|| f.to_string()),
+            }
+        }
+        other => other,
+    }
+}
+
+fn live_rows(conn: &Connection, index: &VectorIndex) -> Result<Vec<(usize, Attr)>> {
+    let mut stmt = conn.prepare("SELECT vid, kind, level, created_at, thread_id FROM memories")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, u32>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, Option<String>>(4)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (vid, kind, level, created_at, thread) = row?;
+        let kind: MemoryKind = kind.parse()?;
+        out.push((
+            vid_usize(vid),
+            Attr {
+                kind,
+                level,
+                created_at,
+                thread: index.intern(thread.as_deref()),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+fn vid_usize(vid: i64) -> usize {
+    usize::try_from(vid).unwrap_or(usize::MAX)
+}
+
+/// Reads the vectors of the given vids (all rows when `None`).
+fn vectors(conn: &Connection, vids: Option<&[usize]>) -> Result<Vec<(usize, Vec<f32>)>> {
+    let mut out = Vec::new();
+    match vids {
+        None => {
+            let mut stmt = conn.prepare("SELECT vid, embedding FROM memories ORDER BY vid")?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+            })?;
+            for row in rows {
+                let (vid, blob) = row?;
+                out.push((vid_usize(vid), decode_vector(&blob)));
+            }
+        }
+        Some(vids) => {
+            let mut stmt = conn.prepare_cached("SELECT embedding FROM memories WHERE vid = ?1")?;
+            for vid in vids {
+                let v = i64::try_from(*vid).unwrap_or(i64::MAX);
+                let blob: Vec<u8> = stmt.query_row(params![v], |r| r.get(0))?;
+                out.push((*vid, decode_vector(&blob)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path`.
+    ///
+    /// Creates and migrates the schema, checks the model identity, loads the index snapshot
+    /// (catching up rows written after it) or rebuilds the index from the stored embeddings
+    /// when the snapshot is missing, damaged or made for other parameters.
+    pub fn open(path: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
+        options.validate()?;
+        let path = path.as_ref().to_owned();
+        let mut conn = open_rw(&path, &options).map_err(|e| not_a_db(&path, e))?;
+        schema::migrate(&mut conn, &options).map_err(|e| not_a_db(&path, e))?;
+        let snap = snapshot_dir(&path);
+        let (index, reason) = match VectorIndex::load(
+            &snap,
+            options.hnsw,
+            &options.model_id,
+            options.dim,
+        ) {
+            Ok(index) => (index, None),
+            Err(why) => {
+                let empty = VectorIndex::empty(options.hnsw, &options.model_id, options.dim, 0);
+                (empty, Some(why))
+            }
+        };
+        let shared = Arc::new(Shared {
+            path: path.clone(),
+            snapshot_dir: snap,
+            options: options.clone(),
+            index,
+            rebuilds: Mutex::new((0, None)),
+        });
+        let live = live_rows(&conn, &shared.index)?;
+        match reason {
+            None => {
+                let missing = shared.index.adopt_live(live.clone());
+                if !missing.is_empty() {
+                    tracing::info!(rows = missing.len(), "index catching up from SQLite");
+                    let attrs: HashMap<usize, Attr> = live.into_iter().collect();
+                    let vecs = vectors(&conn, Some(&missing))?;
+                    let entries: Vec<Entry<'_>> = vecs
+                        .iter()
+                        .filter_map(|(vid, v)| {
+                            attrs.get(vid).map(|a| Entry {
+                                vid: *vid,
+                                vector: v,
+                                attr: *a,
+                            })
+                        })
+                        .collect();
+                    shared.index.insert(&entries);
+                }
+            }
+            Some(why) => {
+                if !live.is_empty() || snap_exists(&shared.snapshot_dir) {
+                    tracing::warn!(reason = %why, rows = live.len(), "rebuilding the vector index from SQLite");
+                }
+                rebuild(&conn, &shared, Some(why))?;
+            }
+        }
+        let (tx, rx) = sync_channel::<Job>(options.queue_depth);
+        let writer_shared = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name("cairn-writer".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    // A panicking job drops its reply sender: its caller gets `WriterGone`;
+                    // the transaction it held rolls back and the thread serves the next job.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        job(&mut conn)
+                    }));
+                }
+                let health = writer_shared.index.health();
+                if health.unsnapshotted > 0 || !snap_exists(&writer_shared.snapshot_dir) {
+                    writer_shared.index.snapshot(&writer_shared.snapshot_dir)?;
+                }
+                Ok(())
+            })?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                shared,
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+                readers: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.inner.shared.path
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &StoreOptions {
+        &self.inner.shared.options
+    }
+
+    /// Closes the store: waits for queued writes and writes the index snapshot. Dropping the
+    /// last handle does the same but cannot report errors.
+    pub fn close(self) -> Result<()> {
+        let inner = self.inner;
+        let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(tx);
+        let handle = inner
+            .writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match handle {
+            Some(h) => h.join().map_err(|_| StoreError::WriterGone)?,
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` on the writer thread and waits for its result.
+    fn write<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection, &Shared) -> Result<R> + Send + 'static,
+    ) -> Result<R> {
+        let (rtx, rrx) = sync_channel(1);
+        let shared = Arc::clone(&self.inner.shared);
+        let job: Job = Box::new(move |conn| {
+            let _ = rtx.send(f(conn, &shared));
+        });
+        let sender = self
+            .inner
+            .tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(StoreError::WriterGone)?;
+        sender.send(job).map_err(|_| StoreError::WriterGone)?;
+        rrx.recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Runs `f` with a read-only connection from the pool.
+    fn read<R>(&self, f: impl FnOnce(&Connection) -> Result<R>) -> Result<R> {
+        let pooled = self
+            .inner
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => {
+                let c = Connection::open_with_flags(
+                    &self.inner.shared.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                        | OpenFlags::SQLITE_OPEN_URI,
+                )?;
+                c.busy_timeout(std::time::Duration::from_secs(30))?;
+                c
+            }
+        };
+        let out = f(&conn);
+        let mut pool = self
+            .inner
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if pool.len() < self.inner.shared.options.read_pool {
+            pool.push(conn);
+        }
+        out
+    }
+
+    fn prepare_vector(&self, v: Vec<f32>) -> Result<Vec<f32>> {
+        validate_vector(&v, self.inner.shared.options.dim)?;
+        Ok(normalized(v)?)
+    }
+
+    /// Inserts one memory with its embedding; returns the stored memory.
+    pub fn insert(&self, memory: NewMemory, embedding: Vec<f32>) -> Result<MemoryUnit> {
+        self.insert_batch(vec![(memory, embedding)])?
+            .pop()
+            .ok_or(StoreError::WriterGone)
+    }
+
+    /// Inserts memories in one transaction: all of them or none.
+    pub fn insert_batch(&self, items: Vec<(NewMemory, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
+        let now = self.inner.shared.options.clock.now();
+        let mut prepared = Vec::with_capacity(items.len());
+        let mut seen = HashSet::new();
+        for (m, v) in items {
+            m.validate()?;
+            if m.kind == MemoryKind::Summary {
+                return Err(InputError::UnknownName {
+                    what: "kind for insert (summaries go through add_summary)",
+                    value: "summary".into(),
+                }
+                .into());
+            }
+            let id = m.id.unwrap_or_default();
+            if !seen.insert(id) {
+                return Err(StoreError::DuplicateId { id });
+            }
+            let created = m.created_at.unwrap_or(now);
+            let unit = MemoryUnit {
+                id,
+                kind: m.kind,
+                thread_id: m.thread_id,
+                role: m.role,
+                content: m.content,
+                created_at: created,
+                metadata: m.metadata,
+                level: 0,
+                summary: None,
+            };
+            prepared.push((unit, self.prepare_vector(v)?));
+        }
+        self.write(move |conn, shared| {
+            let tx = conn.transaction()?;
+            let mut vids = Vec::with_capacity(prepared.len());
+            for (unit, v) in &prepared {
+                vids.push(insert_row(&tx, shared, unit, v, None)?);
+            }
+            tx.commit()?;
+            let entries: Vec<Entry<'_>> = prepared
+                .iter()
+                .zip(&vids)
+                .map(|((u, v), vid)| Entry {
+                    vid: *vid,
+                    vector: v,
+                    attr: attr_of(shared, u),
+                })
+                .collect();
+            shared.index.insert(&entries);
+            after_index_change(conn, shared)?;
+            Ok(prepared.into_iter().map(|(u, _)| u).collect())
+        })
+    }
+
+    /// Writes a summary and its links in one transaction.
+    ///
+    /// Its level is 1 + the highest source level; its time range spans its sources'. Unknown
+    /// sources, an empty or repeating source list, and self-reference are errors and write
+    /// nothing.
+    pub fn add_summary(&self, summary: NewSummary, embedding: Vec<f32>) -> Result<MemoryUnit> {
+        cairn_core::NewMemory::new(MemoryKind::Summary, summary.content.clone())
+            .with_metadata(summary.metadata.clone())
+            .validate()?;
+        if summary.source_ids.is_empty() {
+            return Err(StoreError::EmptySources);
+        }
+        let id = summary.id.unwrap_or_default();
+        let mut seen = HashSet::new();
+        for s in &summary.source_ids {
+            if *s == id {
+                return Err(StoreError::SelfReference { id });
+            }
+            if !seen.insert(*s) {
+                return Err(StoreError::DuplicateSource { id: *s });
+            }
+        }
+        let v = self.prepare_vector(embedding)?;
+        let now = self.inner.shared.options.clock.now();
+        self.write(move |conn, shared| {
+            let tx = conn.transaction()?;
+            let mut sources = Vec::with_capacity(summary.source_ids.len());
+            for sid in &summary.source_ids {
+                sources.push(source_facts(&tx, *sid)?);
+            }
+            let level = 1 + sources.iter().map(|s| s.level).max().unwrap_or(0);
+            let start = sources.iter().map(|s| s.start).min().unwrap_or(0);
+            let end = sources.iter().map(|s| s.end).max().unwrap_or(0);
+            let unit = MemoryUnit {
+                id,
+                kind: MemoryKind::Summary,
+                thread_id: summary.thread_id.clone(),
+                role: None,
+                content: summary.content.clone(),
+                created_at: summary.created_at.unwrap_or(now),
+                metadata: summary.metadata.clone(),
+                level,
+                summary: Some(cairn_core::SummaryInfo {
+                    summary_type: summary.summary_type,
+                    source_ids: summary.source_ids.clone(),
+                    time_range_start: from_micros(start),
+                    time_range_end: from_micros(end),
+                    source_count: sources.len(),
+                    level,
+                    stale: false,
+                }),
+            };
+            let vid = insert_row(&tx, shared, &unit, &v)?;
+            let rid = tx.last_insert_rowid();
+            let mut link = tx.prepare_cached(
+                "INSERT INTO summary_sources (summary, source, position) VALUES (?1, ?2, ?3)",
+            )?;
+            for (pos, s) in sources.iter().enumerate() {
+                link.execute(params![rid, s.rid, i64::try_from(pos).unwrap_or(i64::MAX)])?;
+            }
+            drop(link);
+            tx.commit()?;
+            shared.index.insert(&[Entry {
+                vid,
+                vector: &v,
+                attr: attr_of(shared, &unit),
+            }]);
+            after_index_change(conn, shared)?;
+            Ok(unit)
+        })
+    }
+
+    /// Appends sources to an existing summary (a moving summary that grew). Refuses a source
+    /// that is the summary itself or one of its ancestors (a cycle), updating the level and
+    /// time range of the summary and of every summary above it.
+    pub fn extend_summary(&self, summary: MemoryId, sources: Vec<MemoryId>) -> Result<MemoryUnit> {
+        if sources.is_empty() {
+            return Err(StoreError::EmptySources);
+        }
+        self.write(move |conn, shared| {
+            let tx = conn.transaction()?;
+            let rid = summary_rid(&tx, summary)?;
+            let ancestors: HashSet<i64> = ancestor_rids(&tx, rid)?.into_iter().collect();
+            let mut next: i64 = tx.query_row(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM summary_sources WHERE summary = ?1",
+                params![rid],
+                |r| r.get(0),
+            )?;
+            let mut seen = HashSet::new();
+            for sid in &sources {
+                if *sid == summary {
+                    return Err(StoreError::SelfReference { id: summary });
+                }
+                if !seen.insert(*sid) {
+                    return Err(StoreError::DuplicateSource { id: *sid });
+                }
+                let facts = source_facts(&tx, *sid)?;
+                if ancestors.contains(&facts.rid) {
+                    return Err(StoreError::Cycle {
+                        summary,
+                        ancestor: *sid,
+                    });
+                }
+                let exists: bool = tx.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM summary_sources WHERE summary = ?1 AND source = ?2)",
+                    params![rid, facts.rid],
+                    |r| r.get(0),
+                )?;
+                if exists {
+                    return Err(StoreError::DuplicateSource { id: *sid });
+                }
+                tx.execute(
+                    "INSERT INTO summary_sources (summary, source, position) VALUES (?1, ?2, ?3)",
+                    params![rid, facts.rid, next],
+                )?;
+                next += 1;
+            }
+            let mut changed = vec![rid];
+            changed.extend(ancestors.iter().copied());
+            let relevelled = refresh_summaries(&tx, &changed)?;
+            tx.commit()?;
+            for (vid, level) in relevelled {
+                reattr(conn, shared, vid, level)?;
+            }
+            rows::get_unit(conn, summary)
+        })
+    }
+
+    /// Replaces a memory's content (and metadata when given) with a new embedding; every
+    /// summary built on it, at every level above, is marked stale.
+    pub fn update(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        let probe = NewMemory::new(MemoryKind::Knowledge, content.clone());
+        probe.validate()?;
+        if let Some(m) = &metadata {
+            check_metadata(m)?;
+        }
+        let v = self.prepare_vector(embedding)?;
+        self.write(move |conn, shared| {
+            let tx = conn.transaction()?;
+            let (rid, old_vid, old_content): (i64, i64, String) = tx
+                .query_row(
+                    "SELECT rid, vid, content FROM memories WHERE id = ?1",
+                    params![id.as_bytes()],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()?
+                .ok_or(StoreError::NotFound { id })?;
+            let vid = next_vid(&tx)?;
+            tx.execute(
+                "INSERT INTO memories_fts (memories_fts, rowid, content) VALUES ('delete', ?1, ?2)",
+                params![rid, old_content],
+            )?;
+            let meta_json = match &metadata {
+                Some(m) => Some(serde_json::to_string(m).map_err(|e| {
+                    StoreError::Config(format!("metadata cannot be serialized: {e}"))
+                })?),
+                None => None,
+            };
+            tx.execute(
+                "UPDATE memories SET content = ?2, embedding = ?3, vid = ?4, metadata = COALESCE(?5, metadata), model_id = ?6 WHERE rid = ?1",
+                params![rid, content, encode_vector(&v), i64::try_from(vid).unwrap_or(i64::MAX), meta_json, shared.options.model_id],
+            )?;
+            tx.execute(
+                "INSERT INTO memories_fts (rowid, content) VALUES (?1, ?2)",
+                params![rid, content],
+            )?;
+            let ancestors = ancestor_rids(&tx, rid)?;
+            mark_stale(&tx, &ancestors)?;
+            tx.commit()?;
+            let unit = rows::get_unit(conn, id)?;
+            shared.index.remove(&[vid_usize(old_vid)]);
+            shared.index.insert(&[Entry {
+                vid,
+                vector: &v,
+                attr: attr_of(shared, &unit),
+            }]);
+            after_index_change(conn, shared)?;
+            Ok(unit)
+        })
+    }
+
+    /// Deletes a memory under `policy` (see [`DeletePolicy`]).
+    pub fn delete(&self, id: MemoryId, policy: DeletePolicy) -> Result<DeleteReport> {
+        self.write(move |conn, shared| {
+            let tx = conn.transaction()?;
+            let rid = rows::rid_of(&tx, id)?;
+            let citing = citing_ids(&tx, rid)?;
+            let mut report = DeleteReport::default();
+            let mut doomed = vec![rid];
+            match policy {
+                DeletePolicy::Restrict if !citing.is_empty() => {
+                    return Err(StoreError::CitedBySummaries {
+                        id,
+                        summaries: citing.into_iter().map(|(_, id)| id).collect(),
+                    });
+                }
+                DeletePolicy::Restrict => {}
+                DeletePolicy::Cascade => doomed.extend(ancestor_rids(&tx, rid)?),
+                DeletePolicy::Detach => {
+                    let rids: Vec<i64> = citing.iter().map(|(r, _)| *r).collect();
+                    tx.execute("DELETE FROM summary_sources WHERE source = ?1", params![rid])?;
+                    mark_stale(&tx, &rids)?;
+                    let mut up = rids.clone();
+                    up.extend(
+                        rids.iter()
+                            .map(|r| ancestor_rids(&tx, *r))
+                            .collect::<Result<Vec<_>>>()?
+                            .into_iter()
+                            .flatten(),
+                    );
+                    refresh_summaries(&tx, &up)?;
+                    report.detached = citing.into_iter().map(|(_, id)| id).collect();
+                }
+            }
+            let mut vids = Vec::with_capacity(doomed.len());
+            for r in &doomed {
+                tx.execute(
+                    "DELETE FROM summary_sources WHERE summary = ?1 OR source = ?1",
+                    params![r],
+                )?;
+            }
+            for r in &doomed {
+                let (mid, vid, content): ([u8; 16], i64, String) = tx.query_row(
+                    "SELECT id, vid, content FROM memories WHERE rid = ?1",
+                    params![r],
+                    |x| Ok((x.get(0)?, x.get(1)?, x.get(2)?)),
+                )?;
+                tx.execute(
+                    "INSERT INTO memories_fts (memories_fts, rowid, content) VALUES ('delete', ?1, ?2)",
+                    params![r, content],
+                )?;
+                tx.execute("DELETE FROM memories WHERE rid = ?1", params![r])?;
+                vids.push(vid_usize(vid));
+                report.deleted.push(MemoryId::from_bytes(mid));
+            }
+            tx.commit()?;
+            shared.index.remove(&vids);
+            after_index_change(conn, shared)?;
+            Ok(report)
+        })
+    }
+
+    /// Reads one memory.
+    pub fn get(&self, id: MemoryId) -> Result<MemoryUnit> {
+        self.read(|c| rows::get_unit(c, id))
+    }
+
+    /// Reads several memories, in the order asked; unknown ids are an error.
+    pub fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        self.read(|c| ids.iter().map(|id| rows::get_unit(c, *id)).collect())
+    }
+
+    /// The newest `limit` memories admitted by `filter`, returned oldest first.
+    pub fn recent(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let (cond, mut args) = filter.sql();
+        args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+        let mut out = self.read(|c| {
+            query_units(
+                c,
+                &format!("WHERE 1 = 1{cond} ORDER BY m.created_at DESC, m.rid DESC LIMIT ?"),
+                &args,
+            )
+        })?;
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Every memory admitted by `filter`, oldest first (`limit` rows from `offset`).
+    pub fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let (cond, mut args) = filter.sql();
+        args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+        args.push(Value::Integer(i64::try_from(offset).unwrap_or(i64::MAX)));
+        self.read(|c| {
+            query_units(
+                c,
+                &format!("WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid LIMIT ? OFFSET ?"),
+                &args,
+            )
+        })
+    }
+
+    /// The direct sources of a summary, in their original order.
+    pub fn sources(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.read(|c| {
+            let rid = summary_rid(c, summary)?;
+            query_units(
+                c,
+                "JOIN summary_sources l ON l.source = m.rid WHERE l.summary = ? ORDER BY l.position",
+                &[Value::Integer(rid)],
+            )
+        })
+    }
+
+    /// The summaries that cite `id` directly (back-links), oldest first.
+    pub fn summaries_of(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.read(|c| {
+            let rid = rows::rid_of(c, id)?;
+            query_units(
+                c,
+                "JOIN summary_sources l ON l.summary = m.rid WHERE l.source = ? ORDER BY m.created_at, m.rid",
+                &[Value::Integer(rid)],
+            )
+        })
+    }
+
+    /// Every summary above `id`, through every level, lowest level first.
+    pub fn ancestors(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.read(|c| {
+            let rid = rows::rid_of(c, id)?;
+            query_units(
+                c,
+                "WHERE m.rid IN (WITH RECURSIVE up(r) AS (
+                    SELECT summary FROM summary_sources WHERE source = ?
+                    UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
+                 SELECT r FROM up) ORDER BY m.level, m.created_at, m.rid",
+                &[Value::Integer(rid)],
+            )
+        })
+    }
+
+    /// Every raw (level 0) memory under a summary through every level, once each, in time
+    /// order.
+    pub fn leaves(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.read(|c| {
+            let rid = summary_rid(c, summary)?;
+            query_units(
+                c,
+                "WHERE m.level = 0 AND m.rid IN (WITH RECURSIVE down(r) AS (
+                    SELECT source FROM summary_sources WHERE summary = ?
+                    UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+                 SELECT r FROM down) ORDER BY m.created_at, m.rid",
+                &[Value::Integer(rid)],
+            )
+        })
+    }
+
+    /// The `k` nearest memories to `query` among those admitted by `filter`, best first.
+    /// `ef` overrides the configured `ef_search`.
+    pub fn search_vector(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<Hit>> {
+        filter.validate()?;
+        let q = self.prepare_vector(query)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let shared = &self.inner.shared;
+        let ef = ef.unwrap_or(shared.options.hnsw.ef_search);
+        let (admitted, thread_key) = {
+            let attrs = shared.index.attrs();
+            let thread_key = match &filter.thread {
+                Some(t) => match attrs.thread_key(t.as_str()) {
+                    Some(k) => Some(k),
+                    None => return Ok(Vec::new()),
+                },
+                None => None,
+            };
+            let mut n = attrs.map.len();
+            if let Some(key) = thread_key {
+                n = n.min(attrs.thread_count(key));
+            }
+            if !filter.kinds.is_empty() {
+                n = n.min(attrs.kinds_count(&filter.kinds));
+            }
+            (n, thread_key)
+        };
+        if admitted == 0 {
+            return Ok(Vec::new());
+        }
+        let found = if !filter.is_empty() && admitted <= shared.options.exact_scan_max {
+            self.exact_scan(&q, k, filter)?
+        } else if filter.is_empty() {
+            shared.index.search(&q, k, ef, None)
+        } else {
+            let kinds = filter.kinds.clone();
+            let (min_l, max_l) = (filter.min_level, filter.max_level);
+            let (after, before) = (filter.after.map(to_micros), filter.before.map(to_micros));
+            let admit = move |a: &Attr| {
+                thread_key.is_none_or(|t| a.thread == t)
+                    && (kinds.is_empty() || kinds.contains(&a.kind))
+                    && min_l.is_none_or(|l| a.level >= l)
+                    && max_l.is_none_or(|l| a.level <= l)
+                    && after.is_none_or(|t| a.created_at >= t)
+                    && before.is_none_or(|t| a.created_at < t)
+            };
+            let hits = shared.index.search(&q, k, ef, Some(&admit));
+            if hits.len() < k.min(admitted) {
+                self.exact_scan(&q, k, filter)?
+            } else {
+                hits
+            }
+        };
+        self.hits_for(found)
+    }
+
+    fn exact_scan(&self, q: &[f32], k: usize, filter: &Filter) -> Result<Vec<(usize, f32)>> {
+        let (cond, args) = filter.sql();
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT m.vid, m.embedding FROM memories m WHERE 1 = 1{cond}"
+            ))?;
+            let mut rows = stmt.query(rusqlite::params_from_iter(args.iter()))?;
+            let mut best: Vec<(usize, f32)> = Vec::new();
+            while let Some(r) = rows.next()? {
+                let vid: i64 = r.get(0)?;
+                let blob = r.get_ref(1)?.as_blob().map_err(rusqlite::Error::from)?;
+                let score: f32 = blob
+                    .chunks_exact(4)
+                    .zip(q)
+                    .map(|(c, x)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * x)
+                    .sum();
+                best.push((vid_usize(vid), score));
+            }
+            best.sort_by(|a, b| b.1.total_cmp(&a.1));
+            best.truncate(k);
+            Ok(best)
+        })
+    }
+
+    fn hits_for(&self, found: Vec<(usize, f32)>) -> Result<Vec<Hit>> {
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.read(|c| {
+            let mut out = Vec::with_capacity(found.len());
+            for (vid, score) in found {
+                let v = i64::try_from(vid).unwrap_or(i64::MAX);
+                // A row deleted between the index read and this read is skipped.
+                if let Some(memory) = query_units(c, "WHERE m.vid = ?", &[Value::Integer(v)])?.pop()
+                {
+                    out.push(Hit { memory, score });
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Keyword search (FTS5, BM25) over content; the query's words are OR-ed.
+    pub fn search_keyword(&self, query: &str, k: usize, filter: &Filter) -> Result<Vec<Hit>> {
+        filter.validate()?;
+        let Some(fts) = fts_query(query) else {
+            return Ok(Vec::new());
+        };
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let (cond, cargs) = filter.sql();
+        let mut args = vec![Value::Text(fts)];
+        args.extend(cargs);
+        args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));
+        self.read(|c| {
+            let sql = format!(
+                "SELECT {cols}, bm25(memories_fts) AS s FROM memories_fts
+                 JOIN memories m ON m.rid = memories_fts.rowid
+                 WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?",
+                cols = rows::COLS
+            );
+            let mut stmt = c.prepare_cached(&sql)?;
+            let mut raw = Vec::new();
+            let mut scores = Vec::new();
+            let mut q = stmt.query(rusqlite::params_from_iter(args.iter()))?;
+            while let Some(r) = q.next()? {
+                raw.push(rows::decode(r)?);
+                let s: f64 = r.get(14)?;
+                scores.push(-s as f32);
+            }
+            rows::attach_sources(c, &mut raw)?;
+            Ok(raw
+                .into_iter()
+                .zip(scores)
+                .map(|(r, score)| Hit {
+                    memory: r.unit,
+                    score,
+                })
+                .collect())
+        })
+    }
+
+    /// The stored embedding of a memory.
+    pub fn embedding(&self, id: MemoryId) -> Result<Vec<f32>> {
+        self.read(|c| {
+            let blob: Vec<u8> = c
+                .query_row(
+                    "SELECT embedding FROM memories WHERE id = ?1",
+                    params![id.as_bytes()],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .ok_or(StoreError::NotFound { id })?;
+            Ok(decode_vector(&blob))
+        })
+    }
+
+    /// Counts per kind and level, stale summaries, links and index health.
+    pub fn stats(&self) -> Result<StoreStats> {
+        let mut s = self.read(|c| {
+            let mut s = StoreStats::default();
+            let mut stmt = c.prepare("SELECT kind, level, count(*), sum(stale) FROM memories GROUP BY kind, level")?;
+            let mut q = stmt.query([])?;
+            while let Some(r) = q.next()? {
+                let kind: String = r.get(0)?;
+                let level: u32 = r.get(1)?;
+                let n = usize::try_from(r.get::<_, i64>(2)?).unwrap_or(0);
+                let stale = usize::try_from(r.get::<_, i64>(3)?).unwrap_or(0);
+                s.total += n;
+                *s.by_kind.entry(kind).or_default() += n;
+                *s.by_level.entry(level).or_default() += n;
+                s.stale_summaries += stale;
+            }
+            s.links = usize::try_from(c.query_row(
+                "SELECT count(*) FROM summary_sources",
+                [],
+                |r| r.get::<_, i64>(0),
+            )?)
+            .unwrap_or(0);
+            Ok(s)
+        })?;
+        s.index = self.inner.shared.index.health();
+        let r = self
+            .inner
+            .shared
+            .rebuilds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        s.rebuilds = r.0;
+        s.last_rebuild_reason = r.1;
+        Ok(s)
+    }
+
+    /// Writes the index snapshot now.
+    pub fn snapshot(&self) -> Result<()> {
+        self.write(|_, shared| shared.index.snapshot(&shared.snapshot_dir).map_err(Into::into))
+    }
+
+    /// Rebuilds the index from the stored embeddings (drops every tombstone).
+    pub fn reindex(&self) -> Result<()> {
+        self.write(|conn, shared| {
+            rebuild(conn, shared, Some("requested".into()))?;
+            shared.index.snapshot(&shared.snapshot_dir)
+        })
+    }
+
+    /// Re-embeds every memory with a new model: `embed` is called with batches of contents.
+    /// Afterwards the store belongs to `model_id`/`dim` (reopen with matching options).
+    pub fn reembed(
+        path: impl AsRef<Path>,
+        old: StoreOptions,
+        new_model_id: &str,
+        new_dim: usize,
+        mut embed: impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+    ) -> Result<()> {
+        let path = path.as_ref();
+        {
+            let store = Store::open(path, old.clone())?;
+            store.close()?;
+        }
+        let mut conn = open_rw(path, &old)?;
+        let tx = conn.transaction()?;
+        let rows: Vec<(i64, String)> = {
+            let mut stmt = tx.prepare("SELECT rid, content FROM memories ORDER BY rid")?;
+            let r = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            r
+        };
+        for chunk in rows.chunks(64) {
+            let texts: Vec<&str> = chunk.iter().map(|(_, t)| t.as_str()).collect();
+            let vecs = embed(&texts).map_err(|e| StoreError::Config(format!("re-embedding failed: {e}")))?;
+            if vecs.len() != chunk.len() {
+                return Err(StoreError::Config("re-embedding returned the wrong number of vectors".into()));
+            }
+            for ((rid, _), v) in chunk.iter().zip(vecs) {
+                validate_vector(&v, new_dim)?;
+                let v = normalized(v)?;
+                tx.execute(
+                    "UPDATE memories SET embedding = ?2, model_id = ?3 WHERE rid = ?1",
+                    params![rid, encode_vector(&v), new_model_id],
+                )?;
+            }
+        }
+        tx.execute(
+            "UPDATE store_meta SET value = ?1 WHERE key = 'model_id'",
+            params![new_model_id],
+        )?;
+        tx.execute(
+            "UPDATE store_meta SET value = ?1 WHERE key = 'dim'",
+            params![new_dim.to_string()],
+        )?;
+        tx.commit()?;
+        let snap = snapshot_dir(path);
+        if snap.exists() {
+            std::fs::remove_dir_all(snap)?;
+        }
+        Ok(())
+    }
+}
+
+fn snap_exists(dir: &Path) -> bool {
+    dir.join("manifest.json").exists()
+}
+
+fn attr_of(shared: &Shared, u: &MemoryUnit) -> Attr {
+    Attr {
+        kind: u.kind,
+        level: u.level,
+        created_at: to_micros(u.created_at),
+        thread: shared
+            .index
+            .intern(u.thread_id.as_ref().map(ThreadId::as_str)),
+    }
+}
+
+fn next_vid(tx: &Transaction<'_>) -> Result<usize> {
+    let next: i64 = tx.query_row(
+        "SELECT CAST(value AS INTEGER) FROM store_meta WHERE key = 'next_vid'",
+        [],
+        |r| r.get(0),
+    )?;
+    tx.execute(
+        "UPDATE store_meta SET value = ?1 WHERE key = 'next_vid'",
+        params![(next + 1).to_string()],
+    )?;
+    Ok(vid_usize(next))
+}
+
+fn insert_row(
+    tx: &Transaction<'_>,
+    shared: &Shared,
+    u: &MemoryUnit,
+    v: &[f32],
+) -> Result<usize> {
+    let exists: bool = tx
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM memories WHERE id = ?1)")?
+        .query_row(params![u.id.as_bytes()], |r| r.get(0))?;
+    if exists {
+        return Err(StoreError::DuplicateId { id: u.id });
+    }
+    let vid = next_vid(tx)?;
+    let meta = serde_json::to_string(&u.metadata)
+        .map_err(|e| StoreError::Config(format!("metadata cannot be serialized: {e}")))?;
+    let s = u.summary.as_ref();
+    tx.prepare_cached(
+        "INSERT INTO memories (id, vid, kind, thread_id, role, content, created_at, metadata, level,
+            summary_type, time_start, time_end, source_count, stale, model_id, embedding)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 0, ?14, ?15)",
+    )?
+    .execute(params![
+        u.id.as_bytes(),
+        i64::try_from(vid).unwrap_or(i64::MAX),
+        u.kind.as_str(),
+        u.thread_id.as_ref().map(ThreadId::as_str),
+        u.role.map(|r| r.as_str()),
+        u.content,
+        to_micros(u.created_at),
+        meta,
+        u.level,
+        s.map(|s| s.summary_type.as_str()),
+        s.map(|s| to_micros(s.time_range_start)),
+        s.map(|s| to_micros(s.time_range_end)),
+        s.map(|s| i64::try_from(s.source_count).unwrap_or(i64::MAX)),
+        shared.options.model_id,
+        encode_vector(v),
+    ])?;
+    let rid = tx.last_insert_rowid();
+    tx.prepare_cached("INSERT INTO memories_fts (rowid, content) VALUES (?1, ?2)")?
+        .execute(params![rid, u.content])?;
+    Ok(vid)
+}
+
+struct SourceFacts {
+    rid: i64,
+    level: u32,
+    start: i64,
+    end: i64,
+}
+
+fn source_facts(conn: &Connection, id: MemoryId) -> Result<SourceFacts> {
+    conn.prepare_cached(
+        "SELECT rid, level, COALESCE(time_start, created_at), COALESCE(time_end, created_at)
+         FROM memories WHERE id = ?1",
+    )?
+    .query_row(params![id.as_bytes()], |r| {
+        Ok(SourceFacts {
+            rid: r.get(0)?,
+            level: r.get(1)?,
+            start: r.get(2)?,
+            end: r.get(3)?,
+        })
+    })
+    .optional()?
+    .ok_or(StoreError::NotFound { id })
+}
+
+fn summary_rid(conn: &Connection, id: MemoryId) -> Result<i64> {
+    let (rid, kind): (i64, String) = conn
+        .prepare_cached("SELECT rid, kind FROM memories WHERE id = ?1")?
+        .query_row(params![id.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .ok_or(StoreError::NotFound { id })?;
+    if kind != MemoryKind::Summary.as_str() {
+        return Err(StoreError::NotASummary { id });
+    }
+    Ok(rid)
+}
+
+fn ancestor_rids(conn: &Connection, rid: i64) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare_cached(
+        "WITH RECURSIVE up(r) AS (
+            SELECT summary FROM summary_sources WHERE source = ?1
+            UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
+         SELECT r FROM up",
+    )?;
+    let out = stmt
+        .query_map(params![rid], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(out)
+}
+
+fn citing_ids(conn: &Connection, rid: i64) -> Result<Vec<(i64, MemoryId)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT m.rid, m.id FROM summary_sources l JOIN memories m ON m.rid = l.summary
+         WHERE l.source = ?1 ORDER BY m.rid",
+    )?;
+    let out = stmt
+        .query_map(params![rid], |r| {
+            Ok((r.get(0)?, MemoryId::from_bytes(r.get(1)?)))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(out)
+}
+
+fn mark_stale(tx: &Transaction<'_>, rids: &[i64]) -> Result<()> {
+    let mut stmt = tx.prepare_cached("UPDATE memories SET stale = 1 WHERE rid = ?1")?;
+    for r in rids {
+        stmt.execute(params![r])?;
+    }
+    Ok(())
+}
+
+/// Recomputes level, time range and source count of the given summaries (children before
+/// parents, repeated until stable); returns (vid, new level) of those whose level changed.
+fn refresh_summaries(tx: &Transaction<'_>, rids: &[i64]) -> Result<Vec<(usize, u32)>> {
+    let mut changed = HashMap::new();
+    let mut stmt = tx.prepare_cached(
+        "SELECT 1 + COALESCE(MAX(s.level), -1), MIN(COALESCE(s.time_start, s.created_at)),
+                MAX(COALESCE(s.time_end, s.created_at)), count(*)
+         FROM summary_sources l JOIN memories s ON s.rid = l.source WHERE l.summary = ?1",
+    )?;
+    let mut upd = tx.prepare_cached(
+        "UPDATE memories SET level = MAX(?2, 1), time_start = COALESCE(?3, time_start),
+            time_end = COALESCE(?4, time_end), source_count = ?5 WHERE rid = ?1
+         RETURNING vid, level",
+    )?;
+    // Levels can only move along chains no longer than the number of summaries involved.
+    for _ in 0..=rids.len() {
+        let mut any = false;
+        for r in rids {
+            let (level, start, end, count): (i64, Option<i64>, Option<i64>, i64) =
+                stmt.query_row(params![r], |x| {
+                    Ok((x.get(0)?, x.get(1)?, x.get(2)?, x.get(3)?))
+                })?;
+            let before: i64 =
+                tx.query_row("SELECT level FROM memories WHERE rid = ?1", params![r], |x| {
+                    x.get(0)
+                })?;
+            let (vid, after): (i64, i64) =
+                upd.query_row(params![r, level, start, end, count], |x| {
+                    Ok((x.get(0)?, x.get(1)?))
+                })?;
+            if after != before {
+                any = true;
+                changed.insert(vid_usize(vid), u32::try_from(after).unwrap_or(u32::MAX));
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    Ok(changed.into_iter().collect())
+}
+
+fn reattr(conn: &Connection, shared: &Shared, vid: usize, level: u32) -> Result<()> {
+    let (kind, created_at, thread): (String, i64, Option<String>) = conn.query_row(
+        "SELECT kind, created_at, thread_id FROM memories WHERE vid = ?1",
+        params![i64::try_from(vid).unwrap_or(i64::MAX)],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    shared.index.set_attr(
+        vid,
+        Attr {
+            kind: kind.parse()?,
+            level,
+            created_at,
+            thread: shared.index.intern(thread.as_deref()),
+        },
+    );
+    Ok(())
+}
+
+/// Snapshots or rebuilds when thresholds are passed (runs on the writer thread).
+fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
+    let h = shared.index.health();
+    let o = &shared.options;
+    let limit = (o.tombstone_ratio * h.points as f64).max(o.tombstone_min as f64);
+    if h.tombstones as f64 > limit {
+        rebuild(conn, shared, Some(format!("{} deleted entries", h.tombstones)))?;
+        shared.index.snapshot(&shared.snapshot_dir)?;
+    } else if o.snapshot_every > 0 && h.unsnapshotted >= o.snapshot_every {
+        shared.index.snapshot(&shared.snapshot_dir)?;
+    }
+    Ok(())
+}
+
+fn rebuild(conn: &Connection, shared: &Shared, why: Option<String>) -> Result<()> {
+    let live: HashMap<usize, Attr> = live_rows(conn, &shared.index)?.into_iter().collect();
+    let vecs = vectors(conn)?;
+    let entries: Vec<Entry<'_>> = vecs
+        .iter()
+        .filter_map(|(vid, v)| {
+            live.get(vid).map(|a| Entry {
+                vid: *vid,
+                vector: v,
+                attr: *a,
+            })
+        })
+        .collect();
+    shared.index.replace_with(&entries);
+    let mut r = shared.rebuilds.lock().unwrap_or_else(|p| p.into_inner());
+    r.0 += 1;
+    r.1 = why;
+    Ok(())
+}
+
+/// Turns free text into an FTS5 query: its words, quoted, OR-ed. `None` when it has no words.
+fn fts_query(text: &str) -> Option<String> {
+    let mut words: Vec<String> = Vec::new();
+    for w in text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let w = w.to_lowercase();
+        if !words.contains(&w) {
+            words.push(w);
+        }
+        if words.len() == 64 {
+            break;
+        }
+    }
+    if words.is_empty() {
+        return None;
+    }
+    Some(
+        words
+            .iter()
+            .map(|w| format!("\"{w}\""))
+            .collect::<Vec<_>>()
+            .join(" OR "),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fts_query;
+
+    #[test]
+    fn fts_queries_are_quoted_words() {
+        assert_eq!(fts_query("  ,;  "), None);
+        assert_eq!(
+            fts_query("What's \"RRF\" AND-or NEAR(x)?").unwrap(),
+            "\"what\" OR \"s\" OR \"rrf\" OR \"and\" OR \"or\" OR \"near\" OR \"x\""
+        );
+    }
+}
