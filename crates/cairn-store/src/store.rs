@@ -463,7 +463,7 @@ impl Store {
             let tx = conn.transaction()?;
             let mut vids = Vec::with_capacity(prepared.len());
             for (unit, v) in &prepared {
-                vids.push(insert_row(&tx, shared, unit, v, None)?);
+                vids.push(insert_row(&tx, shared, unit, v)?);
             }
             tx.commit()?;
             let entries: Vec<Entry<'_>> = prepared
@@ -1309,7 +1309,7 @@ fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
 
 fn rebuild(conn: &Connection, shared: &Shared, why: Option<String>) -> Result<()> {
     let live: HashMap<usize, Attr> = live_rows(conn, &shared.index)?.into_iter().collect();
-    let vecs = vectors(conn)?;
+    let vecs = vectors(conn, None)?;
     let entries: Vec<Entry<'_>> = vecs
         .iter()
         .filter_map(|(vid, v)| {
