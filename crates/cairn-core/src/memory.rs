@@ -189,7 +189,9 @@ mod tests {
             NewMemory::new(MemoryKind::Knowledge, big).validate(),
             Err(InputError::ContentTooLarge { .. })
         ));
-        assert!(NewMemory::new(MemoryKind::Knowledge, "fine").validate().is_ok());
+        assert!(NewMemory::new(MemoryKind::Knowledge, "fine")
+            .validate()
+            .is_ok());
     }
 
     #[test]

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cairn_core::MemoryKind;
-use hnsw_rs::prelude::{DistDot, FilterT, Hnsw, HnswIo};
 use hnsw_rs::api::AnnT;
+use hnsw_rs::prelude::{DistDot, FilterT, Hnsw, HnswIo};
 use serde::{Deserialize, Serialize};
 
 use crate::{HnswParams, Result};
@@ -246,7 +246,9 @@ impl VectorIndex {
             // Only the writer thread inserts, so the counters are exact.
             g.points += entries.len();
             g.since_snapshot += entries.len();
-            g.max_vid = g.max_vid.max(entries.iter().map(|e| e.vid).max().unwrap_or(0));
+            g.max_vid = g
+                .max_vid
+                .max(entries.iter().map(|e| e.vid).max().unwrap_or(0));
         }
         {
             let g = read_lock(&self.graph);
@@ -390,13 +392,16 @@ impl VectorIndex {
         fs::create_dir_all(&tmp)?;
         let mut g = write_lock(&self.graph);
         let deleted = g.points.saturating_sub(read_lock(&self.attrs).map.len());
-        let dumped = g.cell.with(|graph| graph.file_dump(&tmp, BASENAME));
-        let basename = dumped.map_err(|e| std::io::Error::other(format!("index dump: {e}")))?;
         let mut files = Vec::new();
-        for suffix in ["hnsw.graph", "hnsw.data"] {
-            let file = format!("{basename}.{suffix}");
-            let (len, crc) = checksum(&tmp.join(&file))?;
-            files.push((file, len, crc));
+        // hnsw_rs cannot dump an empty graph: an empty snapshot is a manifest alone.
+        if g.points > 0 {
+            let dumped = g.cell.with(|graph| graph.file_dump(&tmp, BASENAME));
+            let basename = dumped.map_err(|e| std::io::Error::other(format!("index dump: {e}")))?;
+            for suffix in ["hnsw.graph", "hnsw.data"] {
+                let file = format!("{basename}.{suffix}");
+                let (len, crc) = checksum(&tmp.join(&file))?;
+                files.push((file, len, crc));
+            }
         }
         let manifest = Manifest {
             format_version: SNAPSHOT_FORMAT,
@@ -460,6 +465,9 @@ impl VectorIndex {
         {
             return Err("snapshot made with other HNSW parameters".into());
         }
+        if m.points == 0 && m.files.is_empty() {
+            return Ok(Self::empty(params, model_id, dim, 0));
+        }
         if m.files.len() != 2 {
             return Err("manifest lists the wrong files".into());
         }
@@ -470,9 +478,14 @@ impl VectorIndex {
             }
             let got = checksum(&dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
             if got != (*len, *crc) {
-                return Err(format!("{file} is truncated or corrupt (checksum mismatch)"));
+                return Err(format!(
+                    "{file} is truncated or corrupt (checksum mismatch)"
+                ));
             }
-            basename = file.strip_suffix(".hnsw.graph").map(str::to_owned).or(basename);
+            basename = file
+                .strip_suffix(".hnsw.graph")
+                .map(str::to_owned)
+                .or(basename);
         }
         let basename = basename.ok_or("manifest lists no graph file")?;
         let io = HnswIo::new(dir, &basename);

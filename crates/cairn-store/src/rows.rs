@@ -54,8 +54,7 @@ pub(crate) fn decode(r: &Row<'_>) -> rusqlite::Result<RawRow> {
         .transpose()
         .map_err(|e| corrupt("role", e))?;
     let metadata: String = r.get(7)?;
-    let metadata: Metadata =
-        serde_json::from_str(&metadata).map_err(|e| corrupt("metadata", e))?;
+    let metadata: Metadata = serde_json::from_str(&metadata).map_err(|e| corrupt("metadata", e))?;
     let level: u32 = r.get(8)?;
     let summary_type: Option<String> = r.get(9)?;
     let summary = match summary_type {

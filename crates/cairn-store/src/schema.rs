@@ -99,7 +99,11 @@ pub fn migrate(conn: &mut Connection, options: &StoreOptions) -> Result<()> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(start) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
-        tx.pragma_update(None, "user_version", i64::try_from(i + 1).unwrap_or(i64::MAX))?;
+        tx.pragma_update(
+            None,
+            "user_version",
+            i64::try_from(i + 1).unwrap_or(i64::MAX),
+        )?;
         tx.commit()?;
     }
     check_identity(conn, options)

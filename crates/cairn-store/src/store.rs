@@ -133,12 +133,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         drop(tx);
-        if let Some(h) = self
-            .writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(h) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
             match h.join() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::warn!(error = %e, "index snapshot on close failed"),
@@ -227,9 +222,8 @@ fn vectors(conn: &Connection, vids: Option<&[usize]>) -> Result<Vec<(usize, Vec<
     match vids {
         None => {
             let mut stmt = conn.prepare("SELECT vid, embedding FROM memories ORDER BY vid")?;
-            let rows = stmt.query_map([], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
-            })?;
+            let rows =
+                stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))?;
             for row in rows {
                 let (vid, blob) = row?;
                 out.push((vid_usize(vid), decode_vector(&blob)));
@@ -259,18 +253,14 @@ impl Store {
         let mut conn = open_rw(&path, &options).map_err(|e| not_a_db(&path, e))?;
         schema::migrate(&mut conn, &options).map_err(|e| not_a_db(&path, e))?;
         let snap = snapshot_dir(&path);
-        let (index, reason) = match VectorIndex::load(
-            &snap,
-            options.hnsw,
-            &options.model_id,
-            options.dim,
-        ) {
-            Ok(index) => (index, None),
-            Err(why) => {
-                let empty = VectorIndex::empty(options.hnsw, &options.model_id, options.dim, 0);
-                (empty, Some(why))
-            }
-        };
+        let (index, reason) =
+            match VectorIndex::load(&snap, options.hnsw, &options.model_id, options.dim) {
+                Ok(index) => (index, None),
+                Err(why) => {
+                    let empty = VectorIndex::empty(options.hnsw, &options.model_id, options.dim, 0);
+                    (empty, Some(why))
+                }
+            };
         let shared = Arc::new(Shared {
             path: path.clone(),
             snapshot_dir: snap,
@@ -299,10 +289,10 @@ impl Store {
                     shared.index.insert(&entries);
                 }
             }
+            // A new, empty store has nothing to rebuild.
+            Some(_) if live.is_empty() && !shared.snapshot_dir.exists() => {}
             Some(why) => {
-                if !live.is_empty() || snap_exists(&shared.snapshot_dir) {
-                    tracing::warn!(reason = %why, rows = live.len(), "rebuilding the vector index from SQLite");
-                }
+                tracing::warn!(reason = %why, rows = live.len(), "rebuilding the vector index from SQLite");
                 rebuild(&conn, &shared, Some(why))?;
             }
         }
@@ -314,9 +304,8 @@ impl Store {
                 while let Ok(job) = rx.recv() {
                     // A panicking job drops its reply sender: its caller gets `WriterGone`;
                     // the transaction it held rolls back and the thread serves the next job.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        job(&mut conn)
-                    }));
+                    let _ =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut conn)));
                 }
                 let health = writer_shared.index.health();
                 if health.unsnapshotted > 0 || !snap_exists(&writer_shared.snapshot_dir) {
@@ -404,11 +393,7 @@ impl Store {
             }
         };
         let out = f(&conn);
-        let mut pool = self
-            .inner
-            .readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.inner.readers.lock().unwrap_or_else(|p| p.into_inner());
         if pool.len() < self.inner.shared.options.read_pool {
             pool.push(conn);
         }
@@ -564,13 +549,13 @@ impl Store {
             let tx = conn.transaction()?;
             let rid = summary_rid(&tx, summary)?;
             let ancestors: HashSet<i64> = ancestor_rids(&tx, rid)?.into_iter().collect();
-            let mut next: i64 = tx.query_row(
+            let first: i64 = tx.query_row(
                 "SELECT COALESCE(MAX(position), -1) + 1 FROM summary_sources WHERE summary = ?1",
                 params![rid],
                 |r| r.get(0),
             )?;
             let mut seen = HashSet::new();
-            for sid in &sources {
+            for (next, sid) in (first..).zip(&sources) {
                 if *sid == summary {
                     return Err(StoreError::SelfReference { id: summary });
                 }
@@ -596,7 +581,6 @@ impl Store {
                     "INSERT INTO summary_sources (summary, source, position) VALUES (?1, ?2, ?3)",
                     params![rid, facts.rid, next],
                 )?;
-                next += 1;
             }
             let mut changed = vec![rid];
             changed.extend(ancestors.iter().copied());
@@ -957,6 +941,7 @@ impl Store {
             while let Some(r) = q.next()? {
                 raw.push(rows::decode(r)?);
                 let s: f64 = r.get(14)?;
+                #[allow(clippy::cast_possible_truncation)] // a BM25 score fits an f32
                 scores.push(-s as f32);
             }
             rows::attach_sources(c, &mut raw)?;
@@ -990,7 +975,9 @@ impl Store {
     pub fn stats(&self) -> Result<StoreStats> {
         let mut s = self.read(|c| {
             let mut s = StoreStats::default();
-            let mut stmt = c.prepare("SELECT kind, level, count(*), sum(stale) FROM memories GROUP BY kind, level")?;
+            let mut stmt = c.prepare(
+                "SELECT kind, level, count(*), sum(stale) FROM memories GROUP BY kind, level",
+            )?;
             let mut q = stmt.query([])?;
             while let Some(r) = q.next()? {
                 let kind: String = r.get(0)?;
@@ -1025,7 +1012,7 @@ impl Store {
 
     /// Writes the index snapshot now.
     pub fn snapshot(&self) -> Result<()> {
-        self.write(|_, shared| shared.index.snapshot(&shared.snapshot_dir).map_err(Into::into))
+        self.write(|_, shared| shared.index.snapshot(&shared.snapshot_dir))
     }
 
     /// Rebuilds the index from the stored embeddings (drops every tombstone).
@@ -1061,9 +1048,12 @@ impl Store {
         };
         for chunk in rows.chunks(64) {
             let texts: Vec<&str> = chunk.iter().map(|(_, t)| t.as_str()).collect();
-            let vecs = embed(&texts).map_err(|e| StoreError::Config(format!("re-embedding failed: {e}")))?;
+            let vecs = embed(&texts)
+                .map_err(|e| StoreError::Config(format!("re-embedding failed: {e}")))?;
             if vecs.len() != chunk.len() {
-                return Err(StoreError::Config("re-embedding returned the wrong number of vectors".into()));
+                return Err(StoreError::Config(
+                    "re-embedding returned the wrong number of vectors".into(),
+                ));
             }
             for ((rid, _), v) in chunk.iter().zip(vecs) {
                 validate_vector(&v, new_dim)?;
@@ -1119,12 +1109,7 @@ fn next_vid(tx: &Transaction<'_>) -> Result<usize> {
     Ok(vid_usize(next))
 }
 
-fn insert_row(
-    tx: &Transaction<'_>,
-    shared: &Shared,
-    u: &MemoryUnit,
-    v: &[f32],
-) -> Result<usize> {
+fn insert_row(tx: &Transaction<'_>, shared: &Shared, u: &MemoryUnit, v: &[f32]) -> Result<usize> {
     let exists: bool = tx
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM memories WHERE id = ?1)")?
         .query_row(params![u.id.as_bytes()], |r| r.get(0))?;
@@ -1251,16 +1236,17 @@ fn refresh_summaries(tx: &Transaction<'_>, rids: &[i64]) -> Result<Vec<(usize, u
     for _ in 0..=rids.len() {
         let mut any = false;
         for r in rids {
-            let (level, start, end, count): (i64, Option<i64>, Option<i64>, i64) =
-                stmt.query_row(params![r], |x| {
+            let (level, start, end, count): (i64, Option<i64>, Option<i64>, i64) = stmt
+                .query_row(params![r], |x| {
                     Ok((x.get(0)?, x.get(1)?, x.get(2)?, x.get(3)?))
                 })?;
-            let before: i64 =
-                tx.query_row("SELECT level FROM memories WHERE rid = ?1", params![r], |x| {
-                    x.get(0)
-                })?;
-            let (vid, after): (i64, i64) =
-                upd.query_row(params![r, level, start, end, count], |x| {
+            let before: i64 = tx.query_row(
+                "SELECT level FROM memories WHERE rid = ?1",
+                params![r],
+                |x| x.get(0),
+            )?;
+            let (vid, after): (i64, i64) = upd
+                .query_row(params![r, level, start, end, count], |x| {
                     Ok((x.get(0)?, x.get(1)?))
                 })?;
             if after != before {
@@ -1299,7 +1285,11 @@ fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
     let o = &shared.options;
     let limit = (o.tombstone_ratio * h.points as f64).max(o.tombstone_min as f64);
     if h.tombstones as f64 > limit {
-        rebuild(conn, shared, Some(format!("{} deleted entries", h.tombstones)))?;
+        rebuild(
+            conn,
+            shared,
+            Some(format!("{} deleted entries", h.tombstones)),
+        )?;
         shared.index.snapshot(&shared.snapshot_dir)?;
     } else if o.snapshot_every > 0 && h.unsnapshotted >= o.snapshot_every {
         shared.index.snapshot(&shared.snapshot_dir)?;

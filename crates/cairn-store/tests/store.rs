@@ -1,0 +1,1062 @@
+//! Integration tests of the storage engine: invariants 1, 2, 4, 5 and 6 of DESIGN.md, recall,
+//! snapshots, crash consistency and concurrency.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::type_complexity)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cairn_core::{InputError, MemoryId, MemoryKind, NewMemory, Role, ThreadId};
+use cairn_store::{
+    snapshot_dir, DeletePolicy, Filter, HnswParams, NewSummary, Store, StoreError, StoreOptions,
+};
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn recall_at_10_on_20k_clustered_vectors() {
+    let dir = tmp();
+    let store = open(&dir.path().join("r.db"), DIM);
+    let mut gen = Clusters::new(42, DIM, 200);
+    let base: Vec<Vec<f32>> = (0..20_000).map(|_| gen.draw()).collect();
+    let mut ids = Vec::new();
+    for chunk in base.chunks(2_000) {
+        let items = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (knowledge(&format!("v{i}")), v.clone()))
+            .collect();
+        ids.extend(store.insert_batch(items).unwrap().into_iter().map(|m| m.id));
+    }
+    let queries: Vec<Vec<f32>> = (0..200).map(|_| gen.draw()).collect();
+    let mut found = 0usize;
+    for q in &queries {
+        let mut exact: Vec<(usize, f32)> = base
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i, dot(q, v)))
+            .collect();
+        exact.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let truth: HashSet<MemoryId> = exact[..10].iter().map(|(i, _)| ids[*i]).collect();
+        let hits = store
+            .search_vector(q.clone(), 10, &Filter::all(), Some(64))
+            .unwrap();
+        assert_eq!(hits.len(), 10);
+        found += hits.iter().filter(|h| truth.contains(&h.memory.id)).count();
+    }
+    let recall = found as f64 / (10.0 * queries.len() as f64);
+    println!("recall@10 (ef 64, 20k x 384): {recall:.4}");
+    assert!(recall >= 0.95, "recall@10 = {recall}");
+}
+
+/// Filtered search returns only admitted memories, through both the exact scan and the graph.
+#[test]
+fn filtered_search_returns_only_admitted() {
+    for exact_scan_max in [0usize, 1_000_000] {
+        let dir = tmp();
+        let mut opts = options(32);
+        opts.exact_scan_max = exact_scan_max;
+        let store = Store::open(dir.path().join("f.db"), opts).unwrap();
+        let mut rng = StdRng::seed_from_u64(7);
+        let t0 = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let mut items = Vec::new();
+        for i in 0..3_000 {
+            let thread = format!("t{}", i % 5);
+            let kind = if i % 3 == 0 {
+                MemoryKind::Knowledge
+            } else {
+                MemoryKind::Conversational
+            };
+            let m = NewMemory::new(kind, format!("m{i}"))
+                .with_thread(ThreadId::new(thread).unwrap())
+                .at(t0 + chrono::Duration::seconds(i));
+            items.push((m, random_unit(&mut rng, 32)));
+        }
+        store.insert_batch(items).unwrap();
+        let t2 = ThreadId::new("t2").unwrap();
+        for _ in 0..20 {
+            let q = random_unit(&mut rng, 32);
+            let f = Filter::all()
+                .thread(t2.clone())
+                .kinds([MemoryKind::Knowledge]);
+            let hits = store.search_vector(q.clone(), 10, &f, None).unwrap();
+            assert_eq!(hits.len(), 10);
+            for h in &hits {
+                assert_eq!(h.memory.thread_id.as_ref(), Some(&t2));
+                assert_eq!(h.memory.kind, MemoryKind::Knowledge);
+            }
+            let after = t0 + chrono::Duration::seconds(1_000);
+            let before = t0 + chrono::Duration::seconds(1_500);
+            let f = Filter::all().between(after, before);
+            for h in store.search_vector(q, 10, &f, None).unwrap() {
+                assert!(h.memory.created_at >= after && h.memory.created_at < before);
+            }
+        }
+        let unknown = Filter::all().thread(ThreadId::new("nobody").unwrap());
+        assert!(store
+            .search_vector(random_unit(&mut rng, 32), 5, &unknown, None)
+            .unwrap()
+            .is_empty());
+    }
+}
+
+#[test]
+fn snapshot_round_trip_and_catch_up() {
+    let dir = tmp();
+    let path = dir.path().join("s.db");
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut vecs = Vec::new();
+    {
+        let store = open(&path, 16);
+        for i in 0..300 {
+            let v = random_unit(&mut rng, 16);
+            let m = store
+                .insert(knowledge(&format!("k{i}")), v.clone())
+                .unwrap();
+            vecs.push((m.id, v));
+        }
+        store.close().unwrap();
+    }
+    let snap = snapshot_dir(&path);
+    assert!(snap.join("manifest.json").exists());
+    {
+        let store = open(&path, 16);
+        let s = store.stats().unwrap();
+        assert_eq!(s.rebuilds, 0, "the snapshot was loaded, not rebuilt");
+        assert_eq!(s.index.live, 300);
+        // Rows added behind the snapshot, then a crash-like drop without snapshotting them:
+        for i in 0..50 {
+            let v = random_unit(&mut rng, 16);
+            let m = store
+                .insert(knowledge(&format!("late{i}")), v.clone())
+                .unwrap();
+            vecs.push((m.id, v));
+        }
+        std::mem::forget(store); // no close, no snapshot
+    }
+    let store = open(&path, 16);
+    let s = store.stats().unwrap();
+    assert_eq!(s.rebuilds, 0);
+    assert_eq!(s.index.live, 350, "caught up from SQLite");
+    for (id, v) in &vecs {
+        let hits = store
+            .search_vector(v.clone(), 1, &Filter::all(), Some(100))
+            .unwrap();
+        assert_eq!(hits[0].memory.id, *id);
+    }
+}
+
+#[test]
+fn damaged_snapshots_are_rebuilt() {
+    let dir = tmp();
+    let path = dir.path().join("d.db");
+    let mut rng = StdRng::seed_from_u64(2);
+    let mut vecs = Vec::new();
+    let store = open(&path, 16);
+    for i in 0..200 {
+        let v = random_unit(&mut rng, 16);
+        vecs.push((
+            store
+                .insert(knowledge(&format!("k{i}")), v.clone())
+                .unwrap()
+                .id,
+            v,
+        ));
+    }
+    store.close().unwrap();
+    let snap = snapshot_dir(&path);
+    let data = std::fs::read_dir(&snap)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".hnsw.data"))
+        .unwrap();
+    let graph = data.with_extension("graph");
+    let original = std::fs::read(&data).unwrap();
+    let manifest = std::fs::read(snap.join("manifest.json")).unwrap();
+    let damage: Vec<(&str, Box<dyn Fn()>)> = vec![
+        (
+            "truncated data",
+            Box::new(|| std::fs::write(&data, &original[..original.len() / 2]).unwrap()),
+        ),
+        (
+            "garbage data",
+            Box::new(|| {
+                let mut g = original.clone();
+                for b in g.iter_mut().skip(16).step_by(7) {
+                    *b ^= 0x5a;
+                }
+                std::fs::write(&data, g).unwrap()
+            }),
+        ),
+        (
+            "garbage graph",
+            Box::new(|| std::fs::write(&graph, b"not a graph").unwrap()),
+        ),
+        (
+            "missing manifest",
+            Box::new(|| std::fs::remove_file(snap.join("manifest.json")).unwrap()),
+        ),
+        (
+            "other version",
+            Box::new(|| {
+                let m = String::from_utf8(manifest.clone())
+                    .unwrap()
+                    .replace("\"format_version\": 1", "\"format_version\": 99");
+                std::fs::write(snap.join("manifest.json"), m).unwrap()
+            }),
+        ),
+        (
+            "other model",
+            Box::new(|| {
+                let m = String::from_utf8(manifest.clone())
+                    .unwrap()
+                    .replace("test-model", "other-model");
+                std::fs::write(snap.join("manifest.json"), m).unwrap()
+            }),
+        ),
+        (
+            "missing snapshot",
+            Box::new(|| std::fs::remove_dir_all(&snap).unwrap()),
+        ),
+    ];
+    for (what, f) in damage {
+        f();
+        let store = open(&path, 16);
+        let s = store.stats().unwrap();
+        assert_eq!(s.rebuilds, 1, "{what}: rebuilt");
+        assert!(s.last_rebuild_reason.is_some());
+        assert_eq!(s.index.live, 200, "{what}");
+        for (id, v) in vecs.iter().step_by(17) {
+            let hits = store
+                .search_vector(v.clone(), 1, &Filter::all(), Some(100))
+                .unwrap();
+            assert_eq!(hits[0].memory.id, *id, "{what}");
+        }
+        store.close().unwrap(); // writes a good snapshot again
+        let store = open(&path, 16);
+        assert_eq!(
+            store.stats().unwrap().rebuilds,
+            0,
+            "{what}: snapshot restored"
+        );
+        store.close().unwrap();
+    }
+}
+
+#[test]
+fn other_parameters_rebuild_and_other_model_is_refused() {
+    let dir = tmp();
+    let path = dir.path().join("m.db");
+    let store = open(&path, 8);
+    store.insert(knowledge("x"), vec![1.0; 8]).unwrap();
+    store.close().unwrap();
+    let err = Store::open(&path, StoreOptions::new("another-model", 8)).unwrap_err();
+    assert!(matches!(err, StoreError::ModelMismatch { .. }), "{err}");
+    let err = Store::open(&path, StoreOptions::new("test-model", 9)).unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::ModelMismatch {
+            stored_dim: 8,
+            requested_dim: 9,
+            ..
+        }
+    ));
+    let params = HnswParams {
+        m: 8,
+        ..HnswParams::default()
+    };
+    let store = Store::open(&path, options(8).hnsw(params)).unwrap();
+    assert_eq!(store.stats().unwrap().rebuilds, 1);
+    assert_eq!(store.stats().unwrap().total, 1);
+}
+
+#[test]
+fn reembedding_changes_the_model_identity() {
+    let dir = tmp();
+    let path = dir.path().join("re.db");
+    let store = open(&path, 4);
+    let a = store
+        .insert(knowledge("alpha"), vec![1.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    store.close().unwrap();
+    Store::reembed(&path, options(4), "model-b", 2, |texts| {
+        Ok(texts
+            .iter()
+            .map(|t| {
+                if t.starts_with('a') {
+                    vec![0.0, 1.0]
+                } else {
+                    vec![1.0, 0.0]
+                }
+            })
+            .collect())
+    })
+    .unwrap();
+    assert!(matches!(
+        Store::open(&path, options(4)),
+        Err(StoreError::ModelMismatch { .. })
+    ));
+    let store = Store::open(&path, StoreOptions::new("model-b", 2)).unwrap();
+    assert_eq!(store.embedding(a.id).unwrap(), vec![0.0, 1.0]);
+    let hits = store
+        .search_vector(vec![0.0, 1.0], 1, &Filter::all(), None)
+        .unwrap();
+    assert_eq!(hits[0].memory.id, a.id);
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_writes_nothing() {
+    let dir = tmp();
+    let store = open(&dir.path().join("e.db"), 4);
+    let v = vec![1.0, 0.0, 0.0, 0.0];
+    let e = store.insert(knowledge(""), v.clone()).unwrap_err();
+    assert!(matches!(e, StoreError::Input(InputError::EmptyContent)));
+    let e = store.insert(knowledge("   "), v.clone()).unwrap_err();
+    assert!(matches!(e, StoreError::Input(InputError::EmptyContent)));
+    let e = store
+        .insert(knowledge(&"x".repeat(2 << 20)), v.clone())
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        StoreError::Input(InputError::ContentTooLarge { .. })
+    ));
+    let e = store.insert(knowledge("a"), vec![1.0, 0.0]).unwrap_err();
+    assert!(matches!(
+        e,
+        StoreError::Input(InputError::DimensionMismatch {
+            expected: 4,
+            got: 2
+        })
+    ));
+    let e = store
+        .insert(knowledge("a"), vec![f32::NAN, 0.0, 0.0, 0.0])
+        .unwrap_err();
+    assert!(matches!(
+        e,
+        StoreError::Input(InputError::NonFiniteVector { position: 0 })
+    ));
+    let e = store.insert(knowledge("a"), vec![0.0; 4]).unwrap_err();
+    assert!(matches!(e, StoreError::Input(InputError::ZeroVector)));
+    let e = store
+        .insert(NewMemory::new(MemoryKind::Summary, "s"), v.clone())
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Input(_)));
+    let unknown = MemoryId::new();
+    assert!(matches!(store.get(unknown), Err(StoreError::NotFound { id }) if id == unknown));
+    assert!(matches!(
+        store.sources(unknown),
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        store.summaries_of(unknown),
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        store.delete(unknown, DeletePolicy::Cascade),
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        store.update(unknown, "x".into(), None, v.clone()),
+        Err(StoreError::NotFound { .. })
+    ));
+    let t0 = chrono::DateTime::from_timestamp(100, 0).unwrap();
+    let t1 = chrono::DateTime::from_timestamp(50, 0).unwrap();
+    assert!(matches!(
+        store.recent(&Filter::all().between(t0, t1), 5),
+        Err(StoreError::Input(InputError::InvalidTimeRange))
+    ));
+    assert!(matches!(
+        store.search_vector(v.clone(), 3, &Filter::all().levels(3, 1), None),
+        Err(StoreError::Input(InputError::OutOfRange { .. }))
+    ));
+    // A batch with one bad item writes none of them.
+    let a = store.insert(knowledge("kept"), v.clone()).unwrap();
+    let batch = vec![(knowledge("ok"), v.clone()), (knowledge(""), v.clone())];
+    assert!(store.insert_batch(batch).is_err());
+    let dup = vec![
+        (knowledge("fresh"), v.clone()),
+        (knowledge("dup").with_id(a.id), v.clone()),
+    ];
+    assert!(matches!(
+        store.insert_batch(dup),
+        Err(StoreError::DuplicateId { .. })
+    ));
+    assert_eq!(store.stats().unwrap().total, 1);
+    assert_eq!(store.stats().unwrap().index.live, 1);
+    let bad = HnswParams {
+        m: 300,
+        ..HnswParams::default()
+    };
+    assert!(matches!(
+        Store::open(dir.path().join("p.db"), options(4).hnsw(bad)),
+        Err(StoreError::Config(_))
+    ));
+}
+
+#[test]
+fn summaries_links_levels_and_validation() {
+    let dir = tmp();
+    let path = dir.path().join("l.db");
+    let store = open(&path, 4);
+    let mut rng = StdRng::seed_from_u64(3);
+    let t = ThreadId::new("t").unwrap();
+    let base = chrono::DateTime::from_timestamp(1_000_000, 0).unwrap();
+    let raw: Vec<_> = (0..6)
+        .map(|i| {
+            store
+                .insert(
+                    turn("t", i).at(base + chrono::Duration::minutes(i as i64)),
+                    random_unit(&mut rng, 4),
+                )
+                .unwrap()
+        })
+        .collect();
+    let ids: Vec<MemoryId> = raw.iter().map(|m| m.id).collect();
+    // Sources in a deliberate non-time order: expansion keeps the given order.
+    let s1 = store
+        .add_summary(
+            NewSummary::new("first half", vec![ids[2], ids[0], ids[1]])
+                .with_thread(Some(t.clone())),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    let s2 = store
+        .add_summary(
+            NewSummary::new("second half", ids[3..].to_vec()),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    assert_eq!(s1.level, 1);
+    let info = s1.summary.as_ref().unwrap();
+    assert_eq!(info.source_count, 3);
+    assert_eq!(info.time_range_start, raw[0].created_at);
+    assert_eq!(info.time_range_end, raw[2].created_at);
+    let top = store
+        .add_summary(
+            NewSummary::new("all", vec![s1.id, s2.id, ids[5]]),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    assert_eq!(top.level, 2, "1 + highest source level");
+    assert_eq!(
+        top.summary.as_ref().unwrap().time_range_end,
+        raw[5].created_at
+    );
+    let src: Vec<_> = store
+        .sources(s1.id)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(src, vec![ids[2], ids[0], ids[1]]);
+    let leaves: Vec<_> = store
+        .leaves(top.id)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(leaves, ids, "de-duplicated, in time order");
+    let parents: Vec<_> = store
+        .summaries_of(ids[5])
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(parents, vec![s2.id, top.id]);
+    let up: Vec<_> = store
+        .ancestors(ids[0])
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(up, vec![s1.id, top.id]);
+    assert!(matches!(
+        store.sources(ids[0]),
+        Err(StoreError::NotASummary { .. })
+    ));
+
+    // Validation: nothing is written on error.
+    let before = store.stats().unwrap();
+    let v = random_unit(&mut rng, 4);
+    assert!(matches!(
+        store.add_summary(NewSummary::new("x", vec![]), v.clone()),
+        Err(StoreError::EmptySources)
+    ));
+    let missing = MemoryId::new();
+    assert!(matches!(
+        store.add_summary(NewSummary::new("x", vec![ids[0], missing]), v.clone()),
+        Err(StoreError::NotFound { id }) if id == missing
+    ));
+    assert!(matches!(
+        store.add_summary(NewSummary::new("x", vec![ids[0], ids[0]]), v.clone()),
+        Err(StoreError::DuplicateSource { .. })
+    ));
+    let own = MemoryId::new();
+    let mut selfref = NewSummary::new("x", vec![ids[0], own]);
+    selfref.id = Some(own);
+    assert!(matches!(
+        store.add_summary(selfref, v.clone()),
+        Err(StoreError::SelfReference { .. })
+    ));
+    assert!(matches!(
+        store.extend_summary(s1.id, vec![top.id]),
+        Err(StoreError::Cycle { .. })
+    ));
+    assert!(matches!(
+        store.extend_summary(s1.id, vec![s1.id]),
+        Err(StoreError::SelfReference { .. })
+    ));
+    assert!(matches!(
+        store.extend_summary(s1.id, vec![ids[0]]),
+        Err(StoreError::DuplicateSource { .. })
+    ));
+    assert_eq!(store.stats().unwrap().links, before.links);
+    assert_eq!(store.stats().unwrap().total, before.total);
+
+    // Extending raises levels above: s2 <- s1 makes s2 level 2 and top level 3.
+    let s2b = store.extend_summary(s2.id, vec![s1.id]).unwrap();
+    assert_eq!(s2b.level, 2);
+    assert_eq!(
+        s2b.summary.as_ref().unwrap().source_ids.last(),
+        Some(&s1.id)
+    );
+    assert_eq!(store.get(top.id).unwrap().level, 3);
+    let lvl3 = store
+        .search_vector(v.clone(), 5, &Filter::all().levels(3, 3), None)
+        .unwrap();
+    assert_eq!(lvl3.len(), 1);
+    assert_eq!(lvl3[0].memory.id, top.id);
+
+    // Links survive reopening.
+    store.close().unwrap();
+    let store = open(&path, 4);
+    let src: Vec<_> = store
+        .sources(s1.id)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(src, vec![ids[2], ids[0], ids[1]]);
+    assert_eq!(
+        store.get(top.id).unwrap().summary.unwrap().source_ids,
+        vec![s1.id, s2.id, ids[5]]
+    );
+}
+
+#[test]
+fn delete_policies() {
+    let dir = tmp();
+    let store = open(&dir.path().join("del.db"), 4);
+    let mut rng = StdRng::seed_from_u64(4);
+    let mut mk = |n: &str| {
+        store
+            .insert(knowledge(n), random_unit(&mut rng, 4))
+            .unwrap()
+            .id
+    };
+    let (a, b, c) = (mk("a"), mk("b"), mk("c"));
+    let v = vec![0.5, 0.5, 0.5, 0.5];
+    let s1 = store
+        .add_summary(NewSummary::new("s1", vec![a, b]), v.clone())
+        .unwrap()
+        .id;
+    let s2 = store
+        .add_summary(NewSummary::new("s2", vec![s1, c]), v.clone())
+        .unwrap()
+        .id;
+
+    // Restrict: refused, nothing changes.
+    match store.delete(a, DeletePolicy::Restrict) {
+        Err(StoreError::CitedBySummaries { id, summaries }) => {
+            assert_eq!(id, a);
+            assert_eq!(summaries, vec![s1]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(store.get(a).is_ok());
+
+    // Detach: link dropped, summary stale, source count updated.
+    let r = store.delete(c, DeletePolicy::Detach).unwrap();
+    assert_eq!(r.deleted, vec![c]);
+    assert_eq!(r.detached, vec![s2]);
+    let s2m = store.get(s2).unwrap();
+    assert!(s2m.summary.as_ref().unwrap().stale);
+    assert_eq!(s2m.summary.as_ref().unwrap().source_ids, vec![s1]);
+    assert_eq!(s2m.summary.as_ref().unwrap().source_count, 1);
+    assert_eq!(store.stats().unwrap().stale_summaries, 1);
+
+    // Cascade: the summaries above go too, recursively; other sources stay.
+    let r = store.delete(a, DeletePolicy::Cascade).unwrap();
+    let gone: HashSet<_> = r.deleted.iter().copied().collect();
+    assert_eq!(gone, HashSet::from([a, s1, s2]));
+    assert!(store.get(b).is_ok());
+    assert!(store.summaries_of(b).unwrap().is_empty());
+    let s = store.stats().unwrap();
+    assert_eq!(
+        (s.total, s.links, s.index.live, s.index.tombstones),
+        (1, 0, 1, 4)
+    );
+    // Deleted memories never come back from search.
+    let hits = store.search_vector(v, 10, &Filter::all(), None).unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+        vec![b]
+    );
+    // Restrict deletes an uncited summary-free memory.
+    assert_eq!(
+        store.delete(b, DeletePolicy::Restrict).unwrap().deleted,
+        vec![b]
+    );
+    assert!(store
+        .search_keyword("b", 5, &Filter::all())
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn tombstones_trigger_a_rebuild() {
+    let dir = tmp();
+    let mut opts = options(8);
+    opts.tombstone_min = 10;
+    opts.tombstone_ratio = 0.25;
+    let store = Store::open(dir.path().join("t.db"), opts).unwrap();
+    let mut rng = StdRng::seed_from_u64(5);
+    let items = (0..100)
+        .map(|i| (knowledge(&format!("x{i}")), random_unit(&mut rng, 8)))
+        .collect();
+    let ids: Vec<_> = store
+        .insert_batch(items)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    for id in &ids[..25] {
+        store.delete(*id, DeletePolicy::Restrict).unwrap();
+    }
+    let s = store.stats().unwrap();
+    assert_eq!(s.index.tombstones, 25);
+    assert_eq!(s.rebuilds, 0);
+    store.delete(ids[25], DeletePolicy::Restrict).unwrap();
+    let s = store.stats().unwrap();
+    assert_eq!(s.rebuilds, 1);
+    assert_eq!(
+        (s.index.points, s.index.tombstones, s.index.live),
+        (74, 0, 74)
+    );
+}
+
+#[test]
+fn update_reembeds_and_marks_summaries_stale() {
+    let dir = tmp();
+    let store = open(&dir.path().join("u.db"), 4);
+    let a = store
+        .insert(knowledge("the cat sat"), vec![1.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    let s = store
+        .add_summary(
+            NewSummary::new("cats", vec![a.id]),
+            vec![1.0, 0.0, 0.0, 0.0],
+        )
+        .unwrap();
+    let top = store
+        .add_summary(
+            NewSummary::new("animals", vec![s.id]),
+            vec![1.0, 0.0, 0.0, 0.0],
+        )
+        .unwrap();
+    let u = store
+        .update(a.id, "the dog ran".into(), None, vec![0.0, 1.0, 0.0, 0.0])
+        .unwrap();
+    assert_eq!(u.content, "the dog ran");
+    assert!(store.get(s.id).unwrap().summary.unwrap().stale);
+    assert!(store.get(top.id).unwrap().summary.unwrap().stale);
+    let hits = store
+        .search_vector(vec![0.0, 1.0, 0.0, 0.0], 1, &Filter::all(), None)
+        .unwrap();
+    assert_eq!(hits[0].memory.id, a.id);
+    assert!((hits[0].score - 1.0).abs() < 1e-4);
+    assert_eq!(
+        store.search_keyword("dog", 5, &Filter::all()).unwrap()[0]
+            .memory
+            .id,
+        a.id
+    );
+    assert!(store
+        .search_keyword("cat", 5, &Filter::all())
+        .unwrap()
+        .iter()
+        .all(|h| h.memory.id != a.id));
+}
+
+#[test]
+fn keyword_search_with_filters() {
+    let dir = tmp();
+    let store = open(&dir.path().join("k.db"), 4);
+    let v = vec![1.0, 0.0, 0.0, 0.0];
+    store.insert(turn("a", 0), v.clone()).unwrap();
+    let x = store
+        .insert(
+            NewMemory::conversational(
+                ThreadId::new("a").unwrap(),
+                Role::User,
+                "Reciprocal rank fusion merges rankings",
+            ),
+            v.clone(),
+        )
+        .unwrap();
+    store
+        .insert(
+            NewMemory::conversational(
+                ThreadId::new("b").unwrap(),
+                Role::User,
+                "rank fusion in thread b",
+            ),
+            v.clone(),
+        )
+        .unwrap();
+    let hits = store
+        .search_keyword(
+            "what is RRF, reciprocal rank fusion?",
+            5,
+            &Filter::all().thread(ThreadId::new("a").unwrap()),
+        )
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].memory.id, x.id);
+    assert!(store
+        .search_keyword("\"unbalanced AND (", 5, &Filter::all())
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store
+            .search_keyword("fusion", 5, &Filter::all())
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn recent_returns_newest_oldest_first() {
+    let dir = tmp();
+    let store = open(&dir.path().join("g.db"), 4);
+    let base = chrono::DateTime::from_timestamp(1_000, 0).unwrap();
+    for i in 0..10 {
+        store
+            .insert(
+                turn("c", i).at(base + chrono::Duration::seconds(i as i64)),
+                vec![1.0, 0.0, 0.0, 0.0],
+            )
+            .unwrap();
+        store
+            .insert(turn("other", i), vec![1.0, 0.0, 0.0, 0.0])
+            .unwrap();
+    }
+    let got = store
+        .recent(&Filter::all().thread(ThreadId::new("c").unwrap()), 3)
+        .unwrap();
+    let texts: Vec<_> = got.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(texts, vec!["turn 7 of c", "turn 8 of c", "turn 9 of c"]);
+}
+
+#[test]
+fn database_files_are_checked() {
+    let dir = tmp();
+    let garbage = dir.path().join("garbage.db");
+    std::fs::write(&garbage, vec![0x42u8; 8192]).unwrap();
+    assert!(matches!(
+        Store::open(&garbage, options(4)),
+        Err(StoreError::NotADatabase { .. })
+    ));
+    let path = dir.path().join("new.db");
+    open(&path, 4).close().unwrap();
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.pragma_update(None, "user_version", 99).unwrap();
+    }
+    assert!(matches!(
+        Store::open(&path, options(4)),
+        Err(StoreError::FormatTooNew { found: 99, .. })
+    ));
+    let foreign = dir.path().join("foreign.db");
+    rusqlite::Connection::open(&foreign)
+        .unwrap()
+        .execute_batch("CREATE TABLE x (y)")
+        .unwrap();
+    assert!(matches!(
+        Store::open(&foreign, options(4)),
+        Err(StoreError::Config(_))
+    ));
+    // A truncated database: SQLite reports it as corrupt or not a database; never a panic.
+    let path = dir.path().join("trunc.db");
+    let store = open(&path, 4);
+    for i in 0..200 {
+        store
+            .insert(
+                knowledge(&format!("row {i} {}", "pad ".repeat(50))),
+                vec![1.0, 0.0, 0.0, 0.0],
+            )
+            .unwrap();
+    }
+    store.close().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 3]).unwrap();
+    let _ = std::fs::remove_file(dir.path().join("trunc.db-wal"));
+    match Store::open(&path, options(4)) {
+        Err(_) => {}
+        Ok(s) => {
+            // SQLite may open a truncated file lazily; reads must then fail cleanly.
+            let _ = s.scan(&Filter::all(), 0, 1000);
+        }
+    }
+}
+
+/// 8 threads write 500 memories each while 4 threads search: nothing lost, no error.
+#[test]
+fn concurrent_writers_and_searchers() {
+    let dir = tmp();
+    let store = open(&dir.path().join("c.db"), 32);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let store = store.clone();
+        writers.push(std::thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(100 + w);
+            let mut ids = Vec::new();
+            for i in 0..500 {
+                let m = store
+                    .insert(turn(&format!("w{w}"), i), random_unit(&mut rng, 32))
+                    .unwrap();
+                ids.push(m.id);
+            }
+            ids
+        }));
+    }
+    let mut searchers = Vec::new();
+    for s in 0..4 {
+        let store = store.clone();
+        let done = Arc::clone(&done);
+        searchers.push(std::thread::spawn(move || {
+            let mut rng = StdRng::seed_from_u64(200 + s);
+            let mut n = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let f = if n % 2 == 0 {
+                    Filter::all()
+                } else {
+                    Filter::all().thread(ThreadId::new(format!("w{}", n % 8)).unwrap())
+                };
+                store
+                    .search_vector(random_unit(&mut rng, 32), 5, &f, None)
+                    .unwrap();
+                store.search_keyword("turn", 5, &Filter::all()).unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let ids: Vec<MemoryId> = writers
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let searches: usize = searchers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(searches > 0);
+    assert_eq!(ids.len(), 4_000);
+    assert_eq!(store.stats().unwrap().total, 4_000);
+    assert_eq!(store.get_many(&ids).unwrap().len(), 4_000);
+    assert_eq!(store.stats().unwrap().index.live, 4_000);
+}
+
+const CHILD_ENV: &str = "CAIRN_CRASH_CHILD_DB";
+
+/// The child side of the crash test: writes memories and summaries forever, printing each
+/// acknowledged id. Does nothing unless started by `crash_consistency_under_sigkill`.
+#[test]
+fn crash_child() {
+    let Ok(path) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let seed: u64 = std::env::var("CAIRN_CRASH_SEED").unwrap().parse().unwrap();
+    let mut opts = options(16);
+    opts.snapshot_every = 150; // snapshots happen mid-run too
+    let store = Store::open(&path, opts).unwrap();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = std::io::stdout().lock();
+    let mut recent: Vec<MemoryId> = Vec::new();
+    loop {
+        let r: f64 = rng.random();
+        if r < 0.15 && recent.len() >= 3 {
+            let n = rng.random_range(2..=recent.len().min(6));
+            let srcs = recent[recent.len() - n..].to_vec();
+            let s = store
+                .add_summary(
+                    NewSummary::new("summary", srcs.clone()),
+                    random_unit(&mut rng, 16),
+                )
+                .unwrap();
+            writeln!(
+                out,
+                "S {} {}",
+                s.id,
+                srcs.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+            .unwrap();
+            recent.push(s.id);
+        } else if r < 0.25 {
+            let items = (0..rng.random_range(2..40))
+                .map(|i| (knowledge(&format!("batch {i}")), random_unit(&mut rng, 16)))
+                .collect();
+            for m in store.insert_batch(items).unwrap() {
+                writeln!(out, "M {}", m.id).unwrap();
+                recent.push(m.id);
+            }
+        } else {
+            let m = store
+                .insert(knowledge("single"), random_unit(&mut rng, 16))
+                .unwrap();
+            writeln!(out, "M {}", m.id).unwrap();
+            recent.push(m.id);
+        }
+        out.flush().unwrap();
+    }
+}
+
+/// A child writing in a loop is SIGKILLed at seeded random moments (20 rounds, one store);
+/// each reopening finds every acknowledged write, summaries with all their links and no
+/// dangling link, and every live row findable by search.
+#[test]
+fn crash_consistency_under_sigkill() {
+    let dir = tmp();
+    let path = dir.path().join("crash.db");
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = StdRng::seed_from_u64(99);
+    let mut acked_m: HashSet<MemoryId> = HashSet::new();
+    let mut acked_s: Vec<(MemoryId, Vec<MemoryId>)> = Vec::new();
+    for round in 0..20 {
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "crash_child",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD_ENV, &path)
+            .env("CAIRN_CRASH_SEED", round.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let kill_after = rng.random_range(20..400);
+        let mut lines = BufReader::new(stdout).lines();
+        let mut n = 0;
+        while let Some(Ok(line)) = lines.next() {
+            let mut parts = line.split(' ');
+            match parts.next() {
+                Some("M") => {
+                    acked_m.insert(parts.next().unwrap().parse().unwrap());
+                }
+                Some("S") => {
+                    let id = parts.next().unwrap().parse().unwrap();
+                    let srcs = parts
+                        .next()
+                        .unwrap()
+                        .split(',')
+                        .map(|x| x.parse().unwrap())
+                        .collect();
+                    acked_s.push((id, srcs));
+                }
+                _ => continue,
+            }
+            n += 1;
+            if n >= kill_after {
+                break;
+            }
+        }
+        // SIGKILL while the child is mid-write (it never waits for us).
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..5)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        let store = open(&path, 16);
+        for id in &acked_m {
+            store
+                .get(*id)
+                .unwrap_or_else(|e| panic!("round {round}: acknowledged {id} lost: {e}"));
+        }
+        for (id, srcs) in &acked_s {
+            let got: Vec<_> = store
+                .sources(*id)
+                .unwrap()
+                .into_iter()
+                .map(|m| m.id)
+                .collect();
+            assert_eq!(&got, srcs, "round {round}: summary {id} links");
+        }
+        // No summary without links; no link without both ends (foreign keys + check).
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let orphans: i64 = c
+            .query_row(
+                "SELECT count(*) FROM memories m WHERE m.kind = 'summary'
+                 AND NOT EXISTS (SELECT 1 FROM summary_sources l WHERE l.summary = m.rid)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(orphans, 0, "round {round}: summary without links");
+        let fk: i64 = c
+            .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(fk, 0);
+        let count_mismatch: i64 = c
+            .query_row(
+                "SELECT count(*) FROM memories m WHERE m.kind = 'summary' AND m.source_count !=
+                 (SELECT count(*) FROM summary_sources l WHERE l.summary = m.rid)",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(count_mismatch, 0, "round {round}: half-written summary");
+        drop(c);
+        let stats = store.stats().unwrap();
+        assert_eq!(
+            stats.index.live, stats.total,
+            "round {round}: index matches rows"
+        );
+        // Every live row is findable by its own vector.
+        let all = store.scan(&Filter::all(), 0, usize::MAX).unwrap();
+        for m in all.iter().step_by(7) {
+            let v = store.embedding(m.id).unwrap();
+            let hits = store
+                .search_vector(v, 3, &Filter::all(), Some(200))
+                .unwrap();
+            assert!(
+                hits.iter().any(|h| h.memory.id == m.id),
+                "round {round}: {} not findable",
+                m.id
+            );
+        }
+        store.close().unwrap();
+    }
+    assert!(
+        acked_m.len() > 500,
+        "the child wrote {} memories",
+        acked_m.len()
+    );
+}
