@@ -1,1 +1,41 @@
-//! placeholder
+//! `MemoryHarness`, the async API of Cairn: memories of every kind, summaries linked both
+//! ways to their sources, expansion through every level, search (vector, keyword, hybrid),
+//! deletion policies, and the summarizers and token counters they use.
+//!
+//! Everything blocking (SQLite, ONNX inference, index work) runs on tokio's blocking pool.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use cairn_core::Role;
+//! use cairn_harness::{MemoryHarness, SearchOptions};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! # let embedder = Arc::new(cairn_embed::HashEmbedder::new(64));
+//! // `MemoryHarness::open(path)` uses the local MiniLM model; this example uses a test embedder.
+//! let mem = MemoryHarness::builder(dir.path().join("memory.db")).embedder(embedder).build().await?;
+//! let q = mem.add_conversational("chat-1", Role::User, "What is the GIL?").await?;
+//! let a = mem.add_conversational("chat-1", Role::Assistant, "Python's global interpreter lock.").await?;
+//! let s = mem.add_summary("User asked about the GIL; it is Python's global interpreter lock.", &[q, a], Some("chat-1")).await?;
+//! assert_eq!(mem.expand_summary(s).await?.len(), 2);
+//! assert_eq!(mem.summaries_of(q).await?[0].id, s);
+//! let hits = mem.search("interpreter lock", SearchOptions::summaries()).await?;
+//! assert_eq!(hits[0].memory.id, s);
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+mod extractive;
+mod harness;
+mod tokens;
+
+pub use error::{HarnessError, Result};
+pub use extractive::{sentences, ExtractiveSummarizer};
+pub use harness::{
+    fuse, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness, SearchHit,
+    SearchMode, SearchOptions, SummaryTree, RRF_K,
+};
+pub use tokens::{HfTokenCounter, RunningTotal, TiktokenCounter};
+
+pub use cairn_store::{DeletePolicy, DeleteReport, Filter, HnswParams, NewSummary, StoreStats};

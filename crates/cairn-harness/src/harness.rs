@@ -1,0 +1,723 @@
+//! [`MemoryHarness`]: the async API.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use cairn_core::{
+    Clock, Embedder, MemoryId, MemoryKind, MemoryUnit, Metadata, NewMemory, Role, Summarizer,
+    SummaryType, SystemClock, ThreadId, TokenCounter,
+};
+use cairn_embed::{CacheStats, CachedEmbedder, FastEmbedder};
+use cairn_store::{
+    DeletePolicy, DeleteReport, Filter, HnswParams, NewSummary, Store, StoreOptions, StoreStats,
+};
+
+use crate::{HarnessError, Result};
+
+/// How a search ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SearchMode {
+    /// Cosine similarity of embeddings (HNSW).
+    Vector,
+    /// BM25 over words (SQLite FTS5).
+    Keyword,
+    /// Reciprocal rank fusion of both (the default: best on LoCoMo, see docs/evaluation.md).
+    #[default]
+    Hybrid,
+}
+
+impl std::str::FromStr for SearchMode {
+    type Err = cairn_core::InputError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "vector" => Ok(Self::Vector),
+            "keyword" => Ok(Self::Keyword),
+            "hybrid" => Ok(Self::Hybrid),
+            other => Err(cairn_core::InputError::UnknownName {
+                what: "SearchMode",
+                value: other.chars().take(64).collect(),
+            }),
+        }
+    }
+}
+
+/// The constant of reciprocal rank fusion: score = Σ 1 / (RRF_K + rank).
+pub const RRF_K: f32 = 60.0;
+
+/// What to search and how.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SearchOptions {
+    /// How many results; default 3 when searching only summaries, 10 otherwise.
+    pub k: Option<usize>,
+    /// Which memories.
+    pub filter: Filter,
+    /// Drop results scoring below this (cosine for vector, fused score for hybrid, negated
+    /// BM25 for keyword).
+    pub min_score: Option<f32>,
+    /// How to rank.
+    pub mode: SearchMode,
+}
+
+impl SearchOptions {
+    /// Every kind, k = 10, hybrid.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Summaries only, k = 3 (memharness's `search(memory_type=SUMMARY)`).
+    pub fn summaries() -> Self {
+        Self::default().kinds([MemoryKind::Summary])
+    }
+
+    /// Only these kinds.
+    pub fn kinds(mut self, kinds: impl IntoIterator<Item = MemoryKind>) -> Self {
+        self.filter.kinds = kinds.into_iter().collect();
+        self
+    }
+
+    /// Only this thread.
+    pub fn thread(mut self, thread: ThreadId) -> Self {
+        self.filter.thread = Some(thread);
+        self
+    }
+
+    /// Only levels in `min..=max`.
+    pub fn levels(mut self, min: u32, max: u32) -> Self {
+        self.filter.min_level = Some(min);
+        self.filter.max_level = Some(max);
+        self
+    }
+
+    /// Only memories created in `[after, before)`.
+    pub fn between(mut self, after: DateTime<Utc>, before: DateTime<Utc>) -> Self {
+        self.filter.after = Some(after);
+        self.filter.before = Some(before);
+        self
+    }
+
+    /// How many results.
+    pub fn k(mut self, k: usize) -> Self {
+        self.k = Some(k);
+        self
+    }
+
+    /// The minimum score.
+    pub fn min_score(mut self, s: f32) -> Self {
+        self.min_score = Some(s);
+        self
+    }
+
+    /// The ranking.
+    pub fn mode(mut self, mode: SearchMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The effective k.
+    pub fn effective_k(&self) -> usize {
+        self.k.unwrap_or(
+            if self.filter.kinds.len() == 1 && self.filter.kinds[0] == MemoryKind::Summary {
+                3
+            } else {
+                10
+            },
+        )
+    }
+}
+
+/// A search result.
+pub type SearchHit = cairn_store::Hit;
+
+/// A summary and everything under it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryTree {
+    /// The memory at this node.
+    pub memory: MemoryUnit,
+    /// Its sources, in order (empty for raw memories).
+    pub children: Vec<SummaryTree>,
+}
+
+impl SummaryTree {
+    /// Nodes in the tree (shared sources count once per path).
+    pub fn len(&self) -> usize {
+        1 + self.children.iter().map(SummaryTree::len).sum::<usize>()
+    }
+
+    /// Always false: a tree has its root.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Height: 0 for a raw memory.
+    pub fn depth(&self) -> usize {
+        self.children
+            .iter()
+            .map(|c| 1 + c.depth())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Counts and health of a harness.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HarnessStats {
+    /// The store's figures.
+    pub store: StoreStats,
+    /// Embedding cache hits and misses (zero when the cache is off).
+    pub embedding_cache: CacheStats,
+    /// The embedding model.
+    pub model_id: String,
+}
+
+pub(crate) struct Inner {
+    pub store: Store,
+    pub embedder: Arc<dyn Embedder>,
+    pub cache: Option<Arc<CachedEmbedder>>,
+    pub summarizer: Arc<dyn Summarizer>,
+    pub token_counter: Arc<dyn TokenCounter>,
+    pub clock: Arc<dyn Clock>,
+    pub delete_policy: DeletePolicy,
+}
+
+/// The memory store for agents: every memory in SQLite with its embedding, an HNSW index,
+/// and summaries linked both ways to what they summarize.
+///
+/// A cheap `Clone + Send + Sync` handle. Every blocking step (SQLite, inference, index work)
+/// runs on tokio's blocking pool, never on a worker thread.
+#[derive(Clone)]
+pub struct MemoryHarness {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemoryHarness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryHarness")
+            .field("store", &self.inner.store)
+            .field("model", &self.inner.embedder.model_id())
+            .field("summarizer", &self.inner.summarizer.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`MemoryHarness`]; every choice has a documented default.
+pub struct HarnessBuilder {
+    path: PathBuf,
+    embedder: Option<Arc<dyn Embedder>>,
+    summarizer: Option<Arc<dyn Summarizer>>,
+    token_counter: Option<Arc<dyn TokenCounter>>,
+    clock: Arc<dyn Clock>,
+    hnsw: HnswParams,
+    delete_policy: DeletePolicy,
+    cache: bool,
+    configure: Option<Box<dyn FnOnce(&mut StoreOptions) + Send>>,
+}
+
+impl HarnessBuilder {
+    /// The embedder. Default: [`FastEmbedder`] (all-MiniLM-L6-v2, fetched on first use).
+    pub fn embedder(mut self, e: Arc<dyn Embedder>) -> Self {
+        self.embedder = Some(e);
+        self
+    }
+
+    /// The summarizer used by consolidation and conversation memories. Default:
+    /// [`crate::ExtractiveSummarizer`] over the harness's embedder.
+    pub fn summarizer(mut self, s: Arc<dyn Summarizer>) -> Self {
+        self.summarizer = Some(s);
+        self
+    }
+
+    /// The token counter for budgets. Default: cl100k_base ([`crate::TiktokenCounter`]).
+    pub fn token_counter(mut self, c: Arc<dyn TokenCounter>) -> Self {
+        self.token_counter = Some(c);
+        self
+    }
+
+    /// The clock. Default: the system clock.
+    pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
+        self.clock = c;
+        self
+    }
+
+    /// HNSW parameters. Default: M 16, ef_construction 200, ef_search 64.
+    pub fn hnsw(mut self, p: HnswParams) -> Self {
+        self.hnsw = p;
+        self
+    }
+
+    /// The policy of [`MemoryHarness::delete`]. Default: `Restrict`.
+    pub fn delete_policy(mut self, p: DeletePolicy) -> Self {
+        self.delete_policy = p;
+        self
+    }
+
+    /// Whether embeddings are cached by text (in the same database file). Default: on.
+    pub fn embedding_cache(mut self, on: bool) -> Self {
+        self.cache = on;
+        self
+    }
+
+    /// Adjusts any other store option (read pool, thresholds, synchronous mode).
+    pub fn store_options(mut self, f: impl FnOnce(&mut StoreOptions) + Send + 'static) -> Self {
+        self.configure = Some(Box::new(f));
+        self
+    }
+
+    /// Opens the store (creating it if needed) and loads the model.
+    pub async fn build(self) -> Result<MemoryHarness> {
+        let HarnessBuilder {
+            path,
+            embedder,
+            summarizer,
+            token_counter,
+            clock,
+            hnsw,
+            delete_policy,
+            cache,
+            configure,
+        } = self;
+        let base: Arc<dyn Embedder> = match embedder {
+            Some(e) => e,
+            None => Arc::new(blocking(FastEmbedder::new).await??),
+        };
+        let mut options = StoreOptions::new(base.model_id(), base.dim())
+            .hnsw(hnsw)
+            .clock(clock.clone());
+        if let Some(f) = configure {
+            f(&mut options);
+        }
+        let store_path = path.clone();
+        let store = blocking(move || Store::open(store_path, options)).await??;
+        let (embedder, cache) = if cache {
+            let inner = base.clone();
+            let c = Arc::new(blocking(move || CachedEmbedder::open(inner, path)).await??);
+            (c.clone() as Arc<dyn Embedder>, Some(c))
+        } else {
+            (base, None)
+        };
+        let summarizer = summarizer
+            .unwrap_or_else(|| Arc::new(crate::ExtractiveSummarizer::new(embedder.clone())));
+        let token_counter = match token_counter {
+            Some(c) => c,
+            None => Arc::new(blocking(crate::TiktokenCounter::cl100k).await??),
+        };
+        Ok(MemoryHarness {
+            inner: Arc::new(Inner {
+                store,
+                embedder,
+                cache,
+                summarizer,
+                token_counter,
+                clock,
+                delete_policy,
+            }),
+        })
+    }
+}
+
+/// Runs blocking work on tokio's blocking pool.
+pub(crate) async fn blocking<R: Send + 'static>(
+    f: impl FnOnce() -> R + Send + 'static,
+) -> Result<R> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| HarnessError::Task(e.to_string()))
+}
+
+fn thread(t: &str) -> Result<ThreadId> {
+    Ok(ThreadId::new(t)?)
+}
+
+impl MemoryHarness {
+    /// Opens the store at `path` with the embedded defaults: SQLite + the local MiniLM model
+    /// (fetched on first use), extractive summaries, cl100k_base token counts.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::builder(path).build().await
+    }
+
+    /// A builder for every choice.
+    pub fn builder(path: impl AsRef<Path>) -> HarnessBuilder {
+        HarnessBuilder {
+            path: path.as_ref().to_owned(),
+            embedder: None,
+            summarizer: None,
+            token_counter: None,
+            clock: Arc::new(SystemClock),
+            hnsw: HnswParams::default(),
+            delete_policy: DeletePolicy::Restrict,
+            cache: true,
+            configure: None,
+        }
+    }
+
+    /// The underlying store (synchronous; call it off the runtime).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    /// The embedder in use.
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.inner.embedder
+    }
+
+    /// The summarizer in use.
+    pub fn summarizer(&self) -> &Arc<dyn Summarizer> {
+        &self.inner.summarizer
+    }
+
+    /// The token counter in use.
+    pub fn token_counter(&self) -> &Arc<dyn TokenCounter> {
+        &self.inner.token_counter
+    }
+
+    /// The clock in use.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Embeds texts off the runtime.
+    pub async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
+        let e = self.inner.embedder.clone();
+        Ok(blocking(move || {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            e.embed(&refs)
+        })
+        .await??)
+    }
+
+    /// Adds any memory; returns its id.
+    pub async fn add(&self, memory: NewMemory) -> Result<MemoryId> {
+        Ok(self.add_many(vec![memory]).await?.remove(0))
+    }
+
+    /// Adds memories in one transaction (all or none), embedding them in batches.
+    pub async fn add_many(&self, memories: Vec<NewMemory>) -> Result<Vec<MemoryId>> {
+        if memories.is_empty() {
+            return Ok(Vec::new());
+        }
+        for m in &memories {
+            m.validate()?;
+        }
+        let inner = self.inner.clone();
+        let units = blocking(move || -> Result<Vec<MemoryUnit>> {
+            let texts: Vec<&str> = memories.iter().map(|m| m.content.as_str()).collect();
+            let vectors = inner.embedder.embed(&texts)?;
+            let items = memories.into_iter().zip(vectors).collect();
+            Ok(inner.store.insert_batch(items)?)
+        })
+        .await??;
+        Ok(units.into_iter().map(|u| u.id).collect())
+    }
+
+    /// Adds a conversation turn to `thread`.
+    pub async fn add_conversational(
+        &self,
+        thread_id: &str,
+        role: Role,
+        content: impl Into<String>,
+    ) -> Result<MemoryId> {
+        self.add(NewMemory::conversational(thread(thread_id)?, role, content))
+            .await
+    }
+
+    /// Adds a fact or passage.
+    pub async fn add_knowledge(&self, content: impl Into<String>) -> Result<MemoryId> {
+        self.add(NewMemory::new(MemoryKind::Knowledge, content)).await
+    }
+
+    /// Adds something known about an entity.
+    pub async fn add_entity(&self, content: impl Into<String>) -> Result<MemoryId> {
+        self.add(NewMemory::new(MemoryKind::Entity, content)).await
+    }
+
+    /// Adds a workflow (a procedure that worked).
+    pub async fn add_workflow(&self, content: impl Into<String>) -> Result<MemoryId> {
+        self.add(NewMemory::new(MemoryKind::Workflow, content)).await
+    }
+
+    /// Adds a tool description.
+    pub async fn add_toolbox(&self, content: impl Into<String>) -> Result<MemoryId> {
+        self.add(NewMemory::new(MemoryKind::Toolbox, content)).await
+    }
+
+    /// Adds a tool call or result record to `thread`.
+    pub async fn add_tool_log(
+        &self,
+        thread_id: &str,
+        content: impl Into<String>,
+    ) -> Result<MemoryId> {
+        self.add(
+            NewMemory::new(MemoryKind::ToolLog, content)
+                .with_thread(thread(thread_id)?)
+                .with_role(Role::Tool),
+        )
+        .await
+    }
+
+    /// Adds a file or part of one.
+    pub async fn add_file(&self, content: impl Into<String>) -> Result<MemoryId> {
+        self.add(NewMemory::new(MemoryKind::File, content)).await
+    }
+
+    /// Adds a persona description.
+    pub async fn add_persona(&self, content: impl Into<String>) -> Result<MemoryId> {
+        self.add(NewMemory::new(MemoryKind::Persona, content)).await
+    }
+
+    /// Reads a memory.
+    pub async fn get(&self, id: MemoryId) -> Result<MemoryUnit> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.get(id)).await??)
+    }
+
+    /// The newest `limit` turns of `thread`, returned oldest first.
+    pub async fn get_conversational(
+        &self,
+        thread_id: &str,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        let f = Filter::all()
+            .thread(thread(thread_id)?)
+            .kinds([MemoryKind::Conversational]);
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.recent(&f, limit)).await??)
+    }
+
+    /// Memories admitted by `filter`, oldest first.
+    pub async fn list(
+        &self,
+        filter: Filter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.scan(&filter, offset, limit)).await??)
+    }
+
+    /// Replaces a memory's content (re-embedding it); summaries built on it become stale.
+    pub async fn update(&self, id: MemoryId, content: impl Into<String>) -> Result<MemoryUnit> {
+        self.update_with(id, content.into(), None).await
+    }
+
+    /// Replaces content and metadata.
+    pub async fn update_with(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+    ) -> Result<MemoryUnit> {
+        let inner = self.inner.clone();
+        blocking(move || -> Result<MemoryUnit> {
+            let v = inner.embedder.embed_one(&content)?;
+            Ok(inner.store.update(id, content, metadata, v)?)
+        })
+        .await?
+    }
+
+    /// Deletes with the harness's default policy (`Restrict` unless configured).
+    pub async fn delete(&self, id: MemoryId) -> Result<DeleteReport> {
+        self.delete_with(id, self.inner.delete_policy).await
+    }
+
+    /// Deletes with an explicit policy.
+    pub async fn delete_with(&self, id: MemoryId, policy: DeletePolicy) -> Result<DeleteReport> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.delete(id, policy)).await??)
+    }
+
+    /// Writes a summary of `source_ids` (in that order); returns its id. Its level, time
+    /// range and source count come from the sources; all links are written in one
+    /// transaction.
+    pub async fn add_summary(
+        &self,
+        summary: impl Into<String>,
+        source_ids: &[MemoryId],
+        thread_id: Option<&str>,
+    ) -> Result<MemoryId> {
+        let t = thread_id.map(thread).transpose()?;
+        let s = NewSummary::new(summary, source_ids.to_vec()).with_thread(t);
+        Ok(self.add_summary_with(s).await?.id)
+    }
+
+    /// Writes a summary with every field given.
+    pub async fn add_summary_with(&self, summary: NewSummary) -> Result<MemoryUnit> {
+        let inner = self.inner.clone();
+        blocking(move || -> Result<MemoryUnit> {
+            if summary.content.trim().is_empty() {
+                return Err(cairn_core::InputError::EmptyContent.into());
+            }
+            let v = inner.embedder.embed_one(&summary.content)?;
+            Ok(inner.store.add_summary(summary, v)?)
+        })
+        .await?
+    }
+
+    /// Appends sources to an existing summary (a moving summary that grew); a source that
+    /// is the summary itself or one of its ancestors is refused (no cycles).
+    pub async fn extend_summary(&self, id: MemoryId, sources: &[MemoryId]) -> Result<MemoryUnit> {
+        let inner = self.inner.clone();
+        let sources = sources.to_vec();
+        Ok(blocking(move || inner.store.extend_summary(id, sources)).await??)
+    }
+
+    /// A summary's sources in their original order; `NotFound` for an unknown id.
+    pub async fn expand_summary(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.sources(id)).await??)
+    }
+
+    /// Every raw memory under a summary through every level, once each, in time order.
+    pub async fn expand_to_leaves(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.leaves(id)).await??)
+    }
+
+    /// The summaries that cite `id` (back-links; works at every level).
+    pub async fn summaries_of(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.summaries_of(id)).await??)
+    }
+
+    /// Every summary above `id`, up to the top ones, lowest level first.
+    pub async fn ancestors(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.ancestors(id)).await??)
+    }
+
+    /// The hierarchy under `id` as data.
+    pub async fn summary_tree(&self, id: MemoryId) -> Result<SummaryTree> {
+        let inner = self.inner.clone();
+        blocking(move || -> Result<SummaryTree> {
+            let root = inner.store.get(id)?;
+            build_tree(&inner.store, root)
+        })
+        .await?
+    }
+
+    /// Searches memories (see [`SearchOptions`]).
+    pub async fn search(&self, query: &str, options: SearchOptions) -> Result<Vec<SearchHit>> {
+        let inner = self.inner.clone();
+        let query = query.to_owned();
+        blocking(move || search_blocking(&inner, &query, &options)).await?
+    }
+
+    /// Counts per kind and level, stale summaries, index health, cache hits.
+    pub async fn stats(&self) -> Result<HarnessStats> {
+        let inner = self.inner.clone();
+        let store = blocking(move || inner.store.stats()).await??;
+        Ok(HarnessStats {
+            store,
+            embedding_cache: self
+                .inner
+                .cache
+                .as_ref()
+                .map(|c| c.stats())
+                .unwrap_or_default(),
+            model_id: self.inner.embedder.model_id().to_owned(),
+        })
+    }
+
+    /// Writes the index snapshot now (it is also written on close).
+    pub async fn snapshot(&self) -> Result<()> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.snapshot()).await??)
+    }
+
+    /// Rebuilds the vector index from the stored embeddings.
+    pub async fn reindex(&self) -> Result<()> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.reindex()).await??)
+    }
+}
+
+fn build_tree(store: &Store, root: MemoryUnit) -> Result<SummaryTree> {
+    let children = if root.is_summary() {
+        store
+            .sources(root.id)?
+            .into_iter()
+            .map(|m| build_tree(store, m))
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(SummaryTree {
+        memory: root,
+        children,
+    })
+}
+
+/// The search itself, on a blocking thread.
+pub(crate) fn search_blocking(
+    inner: &Inner,
+    query: &str,
+    options: &SearchOptions,
+) -> Result<Vec<SearchHit>> {
+    options.filter.validate()?;
+    if query.trim().is_empty() {
+        return Err(cairn_core::InputError::EmptyContent.into());
+    }
+    let k = options.effective_k();
+    let hits = match options.mode {
+        SearchMode::Vector => {
+            let q = inner.embedder.embed_one(query)?;
+            inner.store.search_vector(q, k, &options.filter, None)?
+        }
+        SearchMode::Keyword => inner.store.search_keyword(query, k, &options.filter)?,
+        SearchMode::Hybrid => {
+            let depth = (k * 3).max(30);
+            let q = inner.embedder.embed_one(query)?;
+            let v = inner.store.search_vector(q, depth, &options.filter, None)?;
+            let w = inner.store.search_keyword(query, depth, &options.filter)?;
+            fuse(&[v, w], k)
+        }
+    };
+    Ok(match options.min_score {
+        Some(min) => hits.into_iter().filter(|h| h.score >= min).collect(),
+        None => hits,
+    })
+}
+
+/// Reciprocal rank fusion of ranked lists; the fused score replaces each hit's score.
+pub fn fuse(lists: &[Vec<SearchHit>], k: usize) -> Vec<SearchHit> {
+    let mut scores: HashMap<MemoryId, (f32, SearchHit)> = HashMap::new();
+    for list in lists {
+        for (rank, hit) in list.iter().enumerate() {
+            #[allow(clippy::cast_precision_loss)]
+            let s = 1.0 / (RRF_K + rank as f32 + 1.0);
+            scores
+                .entry(hit.memory.id)
+                .and_modify(|e| e.0 += s)
+                .or_insert_with(|| (s, hit.clone()));
+        }
+    }
+    let mut fused: Vec<SearchHit> = scores
+        .into_values()
+        .map(|(s, mut h)| {
+            h.score = s;
+            h
+        })
+        .collect();
+    fused.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then(a.memory.created_at.cmp(&b.memory.created_at))
+    });
+    fused.truncate(k);
+    fused
+}
+
+/// Chooses a summary type from the kinds of its sources.
+pub fn infer_summary_type(sources: &[MemoryUnit]) -> SummaryType {
+    if sources.iter().all(|m| m.kind == MemoryKind::Conversational || m.kind == MemoryKind::ToolLog) {
+        SummaryType::Conversation
+    } else if sources.iter().all(MemoryUnit::is_summary) {
+        SummaryType::Session
+    } else {
+        SummaryType::Document
+    }
+}
