@@ -14,10 +14,10 @@ use cairn_embed::FastEmbedder;
 
 const WORDS: &[&str] = &[
     "we", "talked", "about", "the", "trip", "to", "Lisbon", "next", "spring", "and", "my",
-    "sister", "said", "she", "would", "bring", "her", "dog", "because", "hotel", "allows",
-    "pets", "dinner", "was", "late", "after", "meeting", "ran", "over", "new", "project",
-    "deadline", "moved", "Friday", "so", "team", "will", "work", "weekend", "garden", "needs",
-    "water", "tomatoes", "are", "finally", "ripe", "concert", "tickets", "sold", "out", "fast",
+    "sister", "said", "she", "would", "bring", "her", "dog", "because", "hotel", "allows", "pets",
+    "dinner", "was", "late", "after", "meeting", "ran", "over", "new", "project", "deadline",
+    "moved", "Friday", "so", "team", "will", "work", "weekend", "garden", "needs", "water",
+    "tomatoes", "are", "finally", "ripe", "concert", "tickets", "sold", "out", "fast",
 ];
 
 fn sentences(n: usize) -> Vec<String> {
@@ -45,7 +45,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
     let reps = 5;
     let texts = sentences(1_000);
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -53,13 +55,20 @@ fn main() {
     let file = dir.path().join("sentences.txt");
     std::fs::write(&file, texts.join("\n")).unwrap();
     let python = std::env::var("CAIRN_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/bench_onnxruntime.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/bench_onnxruntime.py"
+    );
 
     println!("1,000 sentences of about 15 words, {threads} threads, median of {reps} runs");
     println!("| batch | Cairn FastEmbedder (sent/s) | Python onnxruntime (sent/s) | ratio |");
     println!("|---:|---:|---:|---:|");
     for batch in [32usize, 256] {
-        let e = FastEmbedder::builder().batch_size(batch).threads(threads).build().unwrap();
+        let e = FastEmbedder::builder()
+            .batch_size(batch)
+            .threads(threads)
+            .build()
+            .unwrap();
         e.embed(&refs[..32]).unwrap(); // warm-up
         let mut ours = Vec::new();
         let mut theirs = Vec::new();
@@ -86,7 +95,10 @@ fn main() {
             println!("| {batch} | {ours:.0} | (python onnxruntime not available) | |");
         } else {
             let theirs = median(theirs);
-            println!("| {batch} | {ours:.0} | {theirs:.0} | {:.2}x |", ours / theirs);
+            println!(
+                "| {batch} | {ours:.0} | {theirs:.0} | {:.2}x |",
+                ours / theirs
+            );
         }
     }
 }

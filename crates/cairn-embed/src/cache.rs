@@ -144,7 +144,9 @@ impl Embedder for CachedEmbedder {
             let fresh = self.inner.embed(&unique)?;
             {
                 let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-                let tx = conn.transaction().map_err(db_err)?;
+                let tx = conn
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(db_err)?;
                 {
                     let mut ins = tx
                         .prepare_cached(

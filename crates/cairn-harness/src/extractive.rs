@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use cairn_core::{
-    CharEstimateCounter, Embedder, MemoryKind, SummarizeError, SummaryItem, SummaryRequest,
-    Summarizer, TokenCounter,
+    CharEstimateCounter, Embedder, MemoryKind, SummarizeError, Summarizer, SummaryItem,
+    SummaryRequest, TokenCounter,
 };
 
 /// Sentence-selection summarizer (centroid + maximal marginal relevance).
@@ -80,7 +80,12 @@ impl ExtractiveSummarizer {
         }
         for item in &request.items {
             if item.kind == MemoryKind::Summary {
-                for line in item.content.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                for line in item
+                    .content
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                {
                     out.push(Unit {
                         text: line.to_owned(),
                         order: out.len(),
@@ -240,7 +245,13 @@ mod tests {
     fn sentence_split() {
         assert_eq!(
             sentences("Hi there. How are you?  Fine!\nNew line e.g. 3.5 works"),
-            vec!["Hi there.", "How are you?", "Fine!", "New line e.g.", "3.5 works"]
+            vec![
+                "Hi there.",
+                "How are you?",
+                "Fine!",
+                "New line e.g.",
+                "3.5 works"
+            ]
         );
         assert!(sentences("   ").is_empty());
     }

@@ -205,6 +205,8 @@ impl std::fmt::Debug for MemoryHarness {
     }
 }
 
+type StoreOptionsFn = Box<dyn FnOnce(&mut StoreOptions) + Send>;
+
 /// Builds a [`MemoryHarness`]; every choice has a documented default.
 pub struct HarnessBuilder {
     path: PathBuf,
@@ -215,7 +217,7 @@ pub struct HarnessBuilder {
     hnsw: HnswParams,
     delete_policy: DeletePolicy,
     cache: bool,
-    configure: Option<Box<dyn FnOnce(&mut StoreOptions) + Send>>,
+    configure: Option<StoreOptionsFn>,
 }
 
 impl HarnessBuilder {
@@ -427,7 +429,8 @@ impl MemoryHarness {
 
     /// Adds a fact or passage.
     pub async fn add_knowledge(&self, content: impl Into<String>) -> Result<MemoryId> {
-        self.add(NewMemory::new(MemoryKind::Knowledge, content)).await
+        self.add(NewMemory::new(MemoryKind::Knowledge, content))
+            .await
     }
 
     /// Adds something known about an entity.
@@ -437,7 +440,8 @@ impl MemoryHarness {
 
     /// Adds a workflow (a procedure that worked).
     pub async fn add_workflow(&self, content: impl Into<String>) -> Result<MemoryId> {
-        self.add(NewMemory::new(MemoryKind::Workflow, content)).await
+        self.add(NewMemory::new(MemoryKind::Workflow, content))
+            .await
     }
 
     /// Adds a tool description.
@@ -713,7 +717,10 @@ pub fn fuse(lists: &[Vec<SearchHit>], k: usize) -> Vec<SearchHit> {
 
 /// Chooses a summary type from the kinds of its sources.
 pub fn infer_summary_type(sources: &[MemoryUnit]) -> SummaryType {
-    if sources.iter().all(|m| m.kind == MemoryKind::Conversational || m.kind == MemoryKind::ToolLog) {
+    if sources
+        .iter()
+        .all(|m| m.kind == MemoryKind::Conversational || m.kind == MemoryKind::ToolLog)
+    {
         SummaryType::Conversation
     } else if sources.iter().all(MemoryUnit::is_summary) {
         SummaryType::Session

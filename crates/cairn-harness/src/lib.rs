@@ -33,8 +33,8 @@ mod tokens;
 pub use error::{HarnessError, Result};
 pub use extractive::{sentences, ExtractiveSummarizer};
 pub use harness::{
-    fuse, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness, SearchHit,
-    SearchMode, SearchOptions, SummaryTree, RRF_K,
+    fuse, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness, SearchHit, SearchMode,
+    SearchOptions, SummaryTree, RRF_K,
 };
 pub use tokens::{HfTokenCounter, RunningTotal, TiktokenCounter};
 

@@ -445,7 +445,7 @@ impl Store {
             prepared.push((unit, self.prepare_vector(v)?));
         }
         self.write(move |conn, shared| {
-            let tx = conn.transaction()?;
+            let tx = begin(conn)?;
             let mut vids = Vec::with_capacity(prepared.len());
             for (unit, v) in &prepared {
                 vids.push(insert_row(&tx, shared, unit, v)?);
@@ -491,7 +491,7 @@ impl Store {
         let v = self.prepare_vector(embedding)?;
         let now = self.inner.shared.options.clock.now();
         self.write(move |conn, shared| {
-            let tx = conn.transaction()?;
+            let tx = begin(conn)?;
             let mut sources = Vec::with_capacity(summary.source_ids.len());
             for sid in &summary.source_ids {
                 sources.push(source_facts(&tx, *sid)?);
@@ -546,7 +546,7 @@ impl Store {
             return Err(StoreError::EmptySources);
         }
         self.write(move |conn, shared| {
-            let tx = conn.transaction()?;
+            let tx = begin(conn)?;
             let rid = summary_rid(&tx, summary)?;
             let ancestors: HashSet<i64> = ancestor_rids(&tx, rid)?.into_iter().collect();
             let first: i64 = tx.query_row(
@@ -609,7 +609,7 @@ impl Store {
         }
         let v = self.prepare_vector(embedding)?;
         self.write(move |conn, shared| {
-            let tx = conn.transaction()?;
+            let tx = begin(conn)?;
             let (rid, old_vid, old_content): (i64, i64, String) = tx
                 .query_row(
                     "SELECT rid, vid, content FROM memories WHERE id = ?1",
@@ -655,7 +655,7 @@ impl Store {
     /// Deletes a memory under `policy` (see [`DeletePolicy`]).
     pub fn delete(&self, id: MemoryId, policy: DeletePolicy) -> Result<DeleteReport> {
         self.write(move |conn, shared| {
-            let tx = conn.transaction()?;
+            let tx = begin(conn)?;
             let rid = rows::rid_of(&tx, id)?;
             let citing = citing_ids(&tx, rid)?;
             let mut report = DeleteReport::default();
@@ -1038,7 +1038,7 @@ impl Store {
             store.close()?;
         }
         let mut conn = open_rw(path, &old)?;
-        let tx = conn.transaction()?;
+        let tx = begin(&mut conn)?;
         let rows: Vec<(i64, String)> = {
             let mut stmt = tx.prepare("SELECT rid, content FROM memories ORDER BY rid")?;
             let r = stmt
@@ -1079,6 +1079,13 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Starts a write transaction that takes the write lock at once (`BEGIN IMMEDIATE`): a
+/// deferred one that reads first cannot wait for another writer (SQLite answers "database is
+/// locked" at once to avoid a deadlock), an immediate one waits out the busy timeout.
+fn begin(conn: &mut Connection) -> Result<Transaction<'_>> {
+    Ok(conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?)
 }
 
 fn snap_exists(dir: &Path) -> bool {
@@ -1317,14 +1324,42 @@ fn rebuild(conn: &Connection, shared: &Shared, why: Option<String>) -> Result<()
     Ok(())
 }
 
-/// Turns free text into an FTS5 query: its words, quoted, OR-ed. `None` when it has no words.
+/// English function words left out of keyword queries: they match almost every memory
+/// and drown the words that carry the question.
+const STOPWORDS: &[&str] = &[
+    "a", "about", "after", "again", "all", "am", "an", "and", "any", "are", "as", "at", "be",
+    "because", "been", "before", "being", "both", "but", "by", "can", "could", "did", "do", "does",
+    "doing", "down", "during", "each", "few", "for", "from", "further", "had", "has", "have",
+    "having", "he", "her", "here", "hers", "herself", "him", "himself", "his", "how", "i", "if",
+    "in", "into", "is", "it", "its", "itself", "just", "me", "more", "most", "my", "myself", "no",
+    "nor", "not", "now", "of", "off", "on", "once", "only", "or", "other", "our", "ours", "out",
+    "over", "own", "s", "same", "she", "should", "so", "some", "such", "t", "than", "that", "the",
+    "their", "theirs", "them", "then", "there", "these", "they", "this", "those", "through", "to",
+    "too", "under", "until", "up", "very", "was", "we", "were", "what", "when", "where", "which",
+    "while", "who", "whom", "why", "will", "with", "would", "you", "your", "yours", "yourself",
+    "ll", "re", "ve", "d", "m",
+];
+
+/// Turns free text into an FTS5 query: its words (less function words), quoted, OR-ed.
+/// `None` when it has no words. A query made only of function words keeps them.
 fn fts_query(text: &str) -> Option<String> {
-    let mut words: Vec<String> = Vec::new();
-    for w in text
+    let all: Vec<String> = text
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
-    {
-        let w = w.to_lowercase();
+        .map(str::to_lowercase)
+        .collect();
+    let content: Vec<&String> = all
+        .iter()
+        .filter(|w| !STOPWORDS.contains(&w.as_str()))
+        .collect();
+    let chosen: Vec<&String> = if content.is_empty() {
+        all.iter().collect()
+    } else {
+        content
+    };
+    let mut words: Vec<String> = Vec::new();
+    for w in chosen {
+        let w = w.clone();
         if !words.contains(&w) {
             words.push(w);
         }
@@ -1353,7 +1388,11 @@ mod tests {
         assert_eq!(fts_query("  ,;  "), None);
         assert_eq!(
             fts_query("What's \"RRF\" AND-or NEAR(x)?").unwrap(),
-            "\"what\" OR \"s\" OR \"rrf\" OR \"and\" OR \"or\" OR \"near\" OR \"x\""
+            "\"rrf\" OR \"near\" OR \"x\""
+        );
+        assert_eq!(
+            fts_query("what is it").unwrap(),
+            "\"what\" OR \"is\" OR \"it\""
         );
     }
 }

@@ -1,0 +1,552 @@
+//! The harness API end to end: every operation and typed error, reopening, concurrency,
+//! random summary DAGs, and search by meaning with the real model.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, OnceLock};
+
+use cairn_core::{Embedder, InputError, MemoryId, MemoryKind, NewMemory, Role, ThreadId};
+use cairn_embed::{FastEmbedder, HashEmbedder};
+use cairn_harness::{
+    DeletePolicy, Filter, HarnessError, MemoryHarness, NewSummary, SearchMode, SearchOptions,
+};
+use cairn_store::StoreError;
+
+fn hash() -> Arc<dyn Embedder> {
+    Arc::new(HashEmbedder::new(64))
+}
+
+fn minilm() -> Arc<dyn Embedder> {
+    static M: OnceLock<Arc<FastEmbedder>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(FastEmbedder::new().unwrap()))
+        .clone()
+}
+
+async fn open(dir: &tempfile::TempDir, e: Arc<dyn Embedder>) -> MemoryHarness {
+    MemoryHarness::builder(dir.path().join("h.db"))
+        .embedder(e)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_add_get_and_conversation_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let ids = vec![
+        mem.add_knowledge("Paris is the capital of France")
+            .await
+            .unwrap(),
+        mem.add_entity("Alice is a data engineer").await.unwrap(),
+        mem.add_workflow("To deploy: build, test, tag, push")
+            .await
+            .unwrap(),
+        mem.add_toolbox("search(query): web search tool")
+            .await
+            .unwrap(),
+        mem.add_tool_log("c1", "search returned 3 results")
+            .await
+            .unwrap(),
+        mem.add_file("README: Cairn is a memory store")
+            .await
+            .unwrap(),
+        mem.add_persona("A concise, friendly assistant")
+            .await
+            .unwrap(),
+    ];
+    let kinds = [
+        MemoryKind::Knowledge,
+        MemoryKind::Entity,
+        MemoryKind::Workflow,
+        MemoryKind::Toolbox,
+        MemoryKind::ToolLog,
+        MemoryKind::File,
+        MemoryKind::Persona,
+    ];
+    for (id, kind) in ids.iter().zip(kinds) {
+        assert_eq!(mem.get(*id).await.unwrap().kind, kind);
+    }
+    let when = chrono::DateTime::from_timestamp(1_600_000_000, 0).unwrap();
+    let mut meta = cairn_core::Metadata::new();
+    meta.insert(
+        "source".into(),
+        serde_json::json!({"file": "a.txt", "line": 3}),
+    );
+    let id = mem
+        .add(
+            NewMemory::new(MemoryKind::Knowledge, "imported fact")
+                .at(when)
+                .with_metadata(meta.clone()),
+        )
+        .await
+        .unwrap();
+    let got = mem.get(id).await.unwrap();
+    assert_eq!((got.created_at, got.metadata), (when, meta));
+    for i in 0..12 {
+        let role = if i % 2 == 0 {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        mem.add_conversational("c1", role, format!("message {i}"))
+            .await
+            .unwrap();
+    }
+    let recent = mem.get_conversational("c1", 5).await.unwrap();
+    let texts: Vec<_> = recent.iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(
+        texts,
+        [
+            "message 7",
+            "message 8",
+            "message 9",
+            "message 10",
+            "message 11"
+        ]
+    );
+    assert_eq!(mem.get_conversational("c1", 100).await.unwrap().len(), 12);
+    assert!(mem
+        .get_conversational("nobody", 5)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(matches!(
+        mem.get_conversational("", 5).await,
+        Err(HarnessError::Input(InputError::BadThreadId { .. }))
+    ));
+    assert!(matches!(
+        mem.add_conversational("c1", Role::User, "  ").await,
+        Err(HarnessError::Input(InputError::EmptyContent))
+    ));
+    assert!(matches!(
+        mem.get(MemoryId::new()).await,
+        Err(HarnessError::NotFound { .. })
+    ));
+    let s = mem.stats().await.unwrap();
+    assert_eq!(s.store.total, 20);
+    assert_eq!(s.store.by_kind["conversational"], 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summaries_expansion_backlinks_tree_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.db");
+    let (day1, day2, weekly, raw) = {
+        let mem = open(&dir, hash()).await;
+        let mut raw = Vec::new();
+        for i in 0..8 {
+            raw.push(
+                mem.add_conversational("w", Role::User, format!("turn {i}"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let day1 = mem
+            .add_summary("day one", &raw[..4], Some("w"))
+            .await
+            .unwrap();
+        let day2 = mem
+            .add_summary("day two", &raw[4..], Some("w"))
+            .await
+            .unwrap();
+        let weekly = mem
+            .add_summary("the week", &[day1, day2], Some("w"))
+            .await
+            .unwrap();
+        let w = mem.get(weekly).await.unwrap();
+        assert_eq!(w.level, 2);
+        let info = w.summary.unwrap();
+        assert_eq!(info.source_count, 2);
+        assert_eq!(
+            info.time_range_start,
+            mem.get(raw[0]).await.unwrap().created_at
+        );
+        assert_eq!(
+            info.time_range_end,
+            mem.get(raw[7]).await.unwrap().created_at
+        );
+
+        // Typed errors; nothing written.
+        let before = mem.stats().await.unwrap().store;
+        assert!(matches!(
+            mem.expand_summary(MemoryId::new()).await,
+            Err(HarnessError::NotFound { .. })
+        ));
+        assert!(matches!(
+            mem.add_summary("x", &[], None).await,
+            Err(HarnessError::Store(StoreError::EmptySources))
+        ));
+        assert!(matches!(
+            mem.add_summary("x", &[raw[0], MemoryId::new()], None).await,
+            Err(HarnessError::NotFound { .. })
+        ));
+        let own = MemoryId::new();
+        let mut selfref = NewSummary::new("x", vec![raw[0], own]);
+        selfref.id = Some(own);
+        assert!(matches!(
+            mem.add_summary_with(selfref).await,
+            Err(HarnessError::Store(StoreError::SelfReference { .. }))
+        ));
+        assert!(matches!(
+            mem.extend_summary(day1, &[weekly]).await,
+            Err(HarnessError::Store(StoreError::Cycle { .. }))
+        ));
+        assert!(matches!(
+            mem.add_summary("  ", &[raw[0]], None).await,
+            Err(HarnessError::Input(InputError::EmptyContent))
+        ));
+        assert_eq!(mem.stats().await.unwrap().store, before);
+        (day1, day2, weekly, raw)
+    };
+    // Everything survives reopening.
+    let mem = MemoryHarness::builder(&path)
+        .embedder(hash())
+        .build()
+        .await
+        .unwrap();
+    let src: Vec<_> = mem
+        .expand_summary(weekly)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(src, vec![day1, day2]);
+    let leaves: Vec<_> = mem
+        .expand_to_leaves(weekly)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(leaves, raw);
+    let up: Vec<_> = mem
+        .summaries_of(raw[5])
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(up, vec![day2]);
+    let chain: Vec<_> = mem
+        .ancestors(raw[5])
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(chain, vec![day2, weekly]);
+    let tree = mem.summary_tree(weekly).await.unwrap();
+    assert_eq!((tree.len(), tree.depth()), (11, 2));
+    assert_eq!(tree.children[1].children[0].memory.id, raw[4]);
+
+    // Update marks summaries above stale; stats report it.
+    mem.update(raw[0], "turn zero, edited").await.unwrap();
+    assert!(mem.get(day1).await.unwrap().summary.unwrap().stale);
+    assert!(mem.get(weekly).await.unwrap().summary.unwrap().stale);
+    assert_eq!(mem.stats().await.unwrap().store.stale_summaries, 2);
+    assert!(!mem.get(day2).await.unwrap().summary.unwrap().stale);
+
+    // Delete policies.
+    assert!(matches!(
+        mem.delete(raw[1]).await,
+        Err(HarnessError::Store(StoreError::CitedBySummaries { .. }))
+    ));
+    let r = mem.delete_with(raw[1], DeletePolicy::Detach).await.unwrap();
+    assert_eq!(r.detached, vec![day1]);
+    assert_eq!(mem.expand_summary(day1).await.unwrap().len(), 3);
+    let r = mem
+        .delete_with(raw[6], DeletePolicy::Cascade)
+        .await
+        .unwrap();
+    let gone: HashSet<_> = r.deleted.into_iter().collect();
+    assert_eq!(gone, HashSet::from([raw[6], day2, weekly]));
+    assert!(matches!(
+        mem.get(weekly).await,
+        Err(HarnessError::NotFound { .. })
+    ));
+    assert_eq!(mem.summaries_of(day1).await.unwrap().len(), 0);
+    let hits = mem
+        .search("the week", SearchOptions::summaries())
+        .await
+        .unwrap();
+    assert!(hits.iter().all(|h| h.memory.id != weekly));
+}
+
+/// With the real model: a search over summaries returns the summary about the asked topic
+/// first among unrelated ones, in every mode that uses meaning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_over_summaries_by_meaning() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, minilm()).await;
+    let topics = [
+        ("We discussed Python's global interpreter lock and why threads do not run bytecode in parallel.", "python threads"),
+        ("Planning a hiking trip to the Alps in August: trails, huts and what boots to buy.", "mountain vacation"),
+        ("The user's sourdough bread keeps collapsing; we went over hydration and proofing times.", "baking"),
+        ("Quarterly budget review: marketing spend is over plan and hiring is frozen.", "finance"),
+        ("Their cat has been sneezing; the vet suggested an allergy test.", "pet health"),
+    ];
+    let mut ids = Vec::new();
+    for (text, _) in topics {
+        let src = mem.add_conversational("t", Role::User, text).await.unwrap();
+        ids.push(mem.add_summary(text, &[src], Some("t")).await.unwrap());
+    }
+    let queries = [
+        "concurrency in CPython",
+        "going walking in the mountains this summer",
+        "why does my homemade loaf deflate",
+        "company spending over target",
+        "my kitten keeps sneezing, what should I do",
+    ];
+    for mode in [SearchMode::Vector, SearchMode::Hybrid] {
+        for (q, want) in queries.iter().zip(&ids) {
+            let hits = mem
+                .search(q, SearchOptions::summaries().mode(mode))
+                .await
+                .unwrap();
+            assert_eq!(hits.len(), 3, "k = 3 by default for summaries");
+            assert!(hits.iter().all(|h| h.memory.kind == MemoryKind::Summary));
+            assert_eq!(hits[0].memory.id, *want, "{mode:?}: {q}");
+        }
+    }
+    // Keyword mode finds words, not meaning.
+    let kw = mem
+        .search(
+            "sourdough",
+            SearchOptions::summaries().mode(SearchMode::Keyword),
+        )
+        .await
+        .unwrap();
+    assert_eq!(kw[0].memory.id, ids[2]);
+    // Filters and minimum score.
+    let none = mem
+        .search(
+            "python",
+            SearchOptions::all()
+                .mode(SearchMode::Vector)
+                .min_score(0.99),
+        )
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    let raw_only = mem
+        .search(
+            "python",
+            SearchOptions::all()
+                .kinds([MemoryKind::Conversational])
+                .mode(SearchMode::Vector),
+        )
+        .await
+        .unwrap();
+    assert_eq!(raw_only.len(), 5);
+    assert!(raw_only
+        .iter()
+        .all(|h| h.memory.kind == MemoryKind::Conversational));
+    let stats = mem.stats().await.unwrap();
+    assert!(
+        stats.embedding_cache.hits >= 5,
+        "summary texts equal their sources: cached"
+    );
+}
+
+/// 16 tasks add 300 memories each while others search and expand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_tasks_add_concurrently() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let seed = mem
+        .add_conversational("s", Role::User, "seed turn")
+        .await
+        .unwrap();
+    let summary = mem
+        .add_summary("seed summary", &[seed], Some("s"))
+        .await
+        .unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for r in 0..4 {
+        let mem = mem.clone();
+        let stop = stop.clone();
+        readers.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                mem.search(&format!("task {r} memory"), SearchOptions::all())
+                    .await
+                    .unwrap();
+                assert_eq!(mem.expand_summary(summary).await.unwrap().len(), 1);
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut writers = Vec::new();
+    for t in 0..16 {
+        let mem = mem.clone();
+        writers.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..300 {
+                ids.push(
+                    mem.add_conversational(
+                        &format!("task-{t}"),
+                        Role::User,
+                        format!("task {t} memory {i}"),
+                    )
+                    .await
+                    .unwrap(),
+                );
+            }
+            ids
+        }));
+    }
+    let mut all = Vec::new();
+    for w in writers {
+        all.extend(w.await.unwrap());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        assert!(r.await.unwrap() > 0);
+    }
+    assert_eq!(all.len(), 4_800);
+    assert_eq!(all.iter().collect::<HashSet<_>>().len(), 4_800);
+    let s = mem.stats().await.unwrap().store;
+    assert_eq!(s.by_kind["conversational"], 4_801);
+    for t in 0..16 {
+        assert_eq!(
+            mem.get_conversational(&format!("task-{t}"), 1_000)
+                .await
+                .unwrap()
+                .len(),
+            300
+        );
+    }
+}
+
+fn naive_leaves(node: usize, children: &HashMap<usize, Vec<usize>>) -> BTreeSet<usize> {
+    match children.get(&node) {
+        None => BTreeSet::from([node]),
+        Some(c) => c.iter().flat_map(|x| naive_leaves(*x, children)).collect(),
+    }
+}
+
+/// Random summary DAGs (seeded): `expand_to_leaves` equals a naive traversal and
+/// `summaries_of` is the exact inverse of `expand_summary`.
+#[test]
+fn random_dags_expand_and_invert() {
+    use rand::{Rng, SeedableRng};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for seed in 0..12u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let dir = tempfile::tempdir().unwrap();
+        rt.block_on(async {
+            let mem = open(&dir, hash()).await;
+            let n_raw = rng.random_range(3..30);
+            let mut nodes: Vec<MemoryId> = Vec::new();
+            let mut children: HashMap<usize, Vec<usize>> = HashMap::new();
+            let batch = (0..n_raw)
+                .map(|i| {
+                    NewMemory::new(MemoryKind::Knowledge, format!("leaf {i}"))
+                        .with_thread(ThreadId::new("d").unwrap())
+                })
+                .collect();
+            nodes.extend(mem.add_many(batch).await.unwrap());
+            for s in 0..rng.random_range(1..15) {
+                let want = rng.random_range(1..=nodes.len().min(5));
+                let mut picks: Vec<usize> = Vec::new();
+                while picks.len() < want {
+                    let p = rng.random_range(0..nodes.len());
+                    if !picks.contains(&p) {
+                        picks.push(p);
+                    }
+                }
+                let ids: Vec<MemoryId> = picks.iter().map(|p| nodes[*p]).collect();
+                let id = mem
+                    .add_summary(format!("summary {s}"), &ids, Some("d"))
+                    .await
+                    .unwrap();
+                children.insert(nodes.len(), picks);
+                nodes.push(id);
+            }
+            let index: HashMap<MemoryId, usize> =
+                nodes.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+            let mut parents_expected: HashMap<usize, BTreeSet<usize>> = HashMap::new();
+            for (s, cs) in &children {
+                for c in cs {
+                    parents_expected.entry(*c).or_default().insert(*s);
+                }
+                let leaves: BTreeSet<usize> = mem
+                    .expand_to_leaves(nodes[*s])
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|m| index[&m.id])
+                    .collect();
+                assert_eq!(leaves, naive_leaves(*s, &children), "seed {seed}");
+                let direct: Vec<usize> = mem
+                    .expand_summary(nodes[*s])
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|m| index[&m.id])
+                    .collect();
+                assert_eq!(&direct, cs);
+            }
+            for (i, id) in nodes.iter().enumerate() {
+                let got: BTreeSet<usize> = mem
+                    .summaries_of(*id)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|m| index[&m.id])
+                    .collect();
+                assert_eq!(
+                    got,
+                    parents_expected.remove(&i).unwrap_or_default(),
+                    "seed {seed} node {i}"
+                );
+            }
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_filters_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    mem.add_conversational("a", Role::User, "alpha beta")
+        .await
+        .unwrap();
+    mem.add_conversational("b", Role::User, "alpha gamma")
+        .await
+        .unwrap();
+    let hits = mem
+        .search(
+            "alpha",
+            SearchOptions::all().thread(ThreadId::new("a").unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert!(matches!(
+        mem.search(" ", SearchOptions::all()).await,
+        Err(HarnessError::Input(_))
+    ));
+    let t0 = chrono::Utc::now();
+    let bad = SearchOptions {
+        filter: Filter {
+            after: Some(t0),
+            before: Some(t0 - chrono::Duration::days(1)),
+            ..Filter::default()
+        },
+        ..SearchOptions::all()
+    };
+    assert!(matches!(
+        mem.search("alpha", bad).await,
+        Err(HarnessError::Input(InputError::InvalidTimeRange))
+    ));
+}
