@@ -25,16 +25,23 @@
 //! # }
 //! ```
 
+mod consolidate;
 mod error;
 mod extractive;
 mod harness;
+mod openai;
 mod tokens;
 
+pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
 pub use error::{HarnessError, Result};
 pub use extractive::{sentences, ExtractiveSummarizer};
 pub use harness::{
     fuse, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness, SearchHit, SearchMode,
     SearchOptions, SummaryTree, RRF_K,
+};
+pub use openai::{
+    render_transcript, OpenAiBuilder, OpenAiSummarizer, PromptTemplate, DEFAULT_TEMPLATE,
+    NEW_LINES, PREVIOUS,
 };
 pub use tokens::{HfTokenCounter, RunningTotal, TiktokenCounter};
 

@@ -754,6 +754,42 @@ impl Store {
         })
     }
 
+    /// Memories admitted by `filter` that no summary at `parent_level` cites yet, oldest
+    /// first (what consolidation still has to cover at that level).
+    pub fn scan_uncovered(&self, filter: &Filter, parent_level: u32) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let (cond, mut args) = filter.sql();
+        args.push(Value::Integer(i64::from(parent_level)));
+        self.read(|c| {
+            query_units(
+                c,
+                &format!(
+                    "WHERE 1 = 1{cond} AND NOT EXISTS (SELECT 1 FROM summary_sources l
+                        JOIN memories p ON p.rid = l.summary
+                        WHERE l.source = m.rid AND p.level = ?)
+                     ORDER BY m.created_at, m.rid"
+                ),
+                &args,
+            )
+        })
+    }
+
+    /// The threads that have memories, sorted.
+    pub fn threads(&self) -> Result<Vec<ThreadId>> {
+        self.read(|c| {
+            let mut stmt = c.prepare(
+                "SELECT DISTINCT thread_id FROM memories WHERE thread_id IS NOT NULL ORDER BY thread_id",
+            )?;
+            let names: Vec<String> = stmt
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(names
+                .into_iter()
+                .filter_map(|n| ThreadId::new(n).ok())
+                .collect())
+        })
+    }
+
     /// The direct sources of a summary, in their original order.
     pub fn sources(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
         self.read(|c| {

@@ -1,0 +1,482 @@
+//! Time-based consolidation: old memories become a tree of summaries, never losing a source.
+//!
+//! One pass, level by level from the raw memories up:
+//! 1. Take the memories of the level that are older than the cutoff and that no summary of
+//!    the next level cites yet, per thread (chunks never mix threads), oldest first.
+//! 2. Cut them into chunks of `chunk_size` (raw memories) or `fanout` (summaries). A chunk
+//!    never ends between a tool call and its results: it grows to take the results, or ends
+//!    before the call when the results are not there yet. A short tail waits for more
+//!    memories unless its newest member is older than `max_age`; summaries roll up only in
+//!    full groups of `fanout`, and not while chunks of their own level failed in the pass.
+//! 3. Summarize each chunk (with a timeout); write the summary and its links in one
+//!    transaction. A failed or timed-out chunk is left untouched and reported; the next pass
+//!    retries it.
+//!
+//! Idempotent and resumable: coverage is read from the links, so a memory covered at a
+//! level is never summarized again at that level, and an interrupted pass followed by
+//! another gives the same tree as one uninterrupted pass. A summary's `created_at` is the
+//! time of its newest source, so the tree does not depend on when the pass ran.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use cairn_core::{
+    MemoryId, MemoryKind, MemoryUnit, Role, SummarizeError, SummaryItem, SummaryRequest,
+    SummaryType, ThreadId,
+};
+use cairn_store::{Filter, NewSummary};
+
+use crate::harness::blocking;
+use crate::{HarnessError, MemoryHarness, Result};
+
+/// What a consolidation pass does; build with [`ConsolidationPolicy::older_than`].
+#[derive(Debug, Clone)]
+pub struct ConsolidationPolicy {
+    /// Only memories older than now minus this are summarized.
+    pub older_than: Duration,
+    /// Raw memories per summary. Default 20.
+    pub chunk_size: usize,
+    /// A tail shorter than this waits for more memories... Default 5.
+    pub min_chunk: usize,
+    /// ...unless its newest memory is older than now minus this. Default 7 days.
+    pub max_age: Duration,
+    /// Summaries per roll-up summary; a level rolls up once it has this many unsummarized
+    /// summaries older than the cutoff. Default 5.
+    pub fanout: usize,
+    /// The highest level written. Default 4.
+    pub max_level: u32,
+    /// Only these threads (all when empty).
+    pub threads: Vec<ThreadId>,
+    /// Raw kinds consolidated. Default conversational and tool_log.
+    pub kinds: Vec<MemoryKind>,
+    /// Tokens per summary (the summarizer's budget). Default 256.
+    pub summary_tokens: usize,
+    /// How long one summarizer call may take. Default 120 s.
+    pub timeout: Duration,
+    /// Checked between chunks: when set, the pass stops after the current chunk.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+impl ConsolidationPolicy {
+    /// Summarize memories older than `age`, with the defaults for everything else.
+    pub fn older_than(age: Duration) -> Self {
+        Self {
+            older_than: age,
+            chunk_size: 20,
+            min_chunk: 5,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            fanout: 5,
+            max_level: 4,
+            threads: Vec::new(),
+            kinds: vec![MemoryKind::Conversational, MemoryKind::ToolLog],
+            summary_tokens: 256,
+            timeout: Duration::from_secs(120),
+            stop: None,
+        }
+    }
+
+    /// Sets the chunk size.
+    pub fn chunk_size(mut self, n: usize) -> Self {
+        self.chunk_size = n;
+        self
+    }
+
+    /// Sets the minimum tail size.
+    pub fn min_chunk(mut self, n: usize) -> Self {
+        self.min_chunk = n;
+        self
+    }
+
+    /// Sets the age past which a short tail is summarized anyway.
+    pub fn max_age(mut self, d: Duration) -> Self {
+        self.max_age = d;
+        self
+    }
+
+    /// Sets the roll-up fanout.
+    pub fn fanout(mut self, n: usize) -> Self {
+        self.fanout = n;
+        self
+    }
+
+    /// Sets the highest level.
+    pub fn max_level(mut self, l: u32) -> Self {
+        self.max_level = l;
+        self
+    }
+
+    /// Restricts to a thread (may be called several times).
+    pub fn thread(mut self, t: ThreadId) -> Self {
+        self.threads.push(t);
+        self
+    }
+
+    /// Sets the per-summary token budget.
+    pub fn summary_tokens(mut self, n: usize) -> Self {
+        self.summary_tokens = n;
+        self
+    }
+
+    /// Sets the summarizer timeout.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = d;
+        self
+    }
+
+    /// Sets the stop flag.
+    pub fn stop_flag(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.stop = Some(flag);
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(HarnessError::Config(m.to_owned()));
+        if self.chunk_size < 2 {
+            return bad("chunk_size must be at least 2");
+        }
+        if self.fanout < 2 {
+            return bad("fanout must be at least 2");
+        }
+        if self.min_chunk == 0 || self.min_chunk > self.chunk_size {
+            return bad("min_chunk must be in 1..=chunk_size");
+        }
+        if self.max_level == 0 {
+            return bad("max_level must be at least 1");
+        }
+        if self.summary_tokens == 0 {
+            return bad("summary_tokens must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// A chunk that was not summarized.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChunkFailure {
+    /// The level the summary would have had.
+    pub level: u32,
+    /// Its thread.
+    pub thread: Option<ThreadId>,
+    /// The chunk's memories (all still in place).
+    pub memory_ids: Vec<MemoryId>,
+    /// Why.
+    pub reason: String,
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConsolidationReport {
+    /// Summaries written per level.
+    pub chunks_per_level: BTreeMap<u32, usize>,
+    /// Memories newly covered (sources of the summaries written).
+    pub memories_covered: usize,
+    /// The summaries written, in order.
+    pub summaries: Vec<MemoryId>,
+    /// Chunks left for the next pass because the summarizer failed or timed out.
+    pub failures: Vec<ChunkFailure>,
+    /// Raw-memory tails left to wait for more memories (or for a tool result).
+    pub deferred_tails: usize,
+    /// True when the stop flag ended the pass early.
+    pub cancelled: bool,
+    /// Wall time of the pass.
+    pub elapsed: Duration,
+    /// Time spent in the summarizer.
+    pub summarizer_time: Duration,
+}
+
+impl ConsolidationReport {
+    /// Summaries written in total.
+    pub fn chunks(&self) -> usize {
+        self.chunks_per_level.values().sum()
+    }
+}
+
+impl std::fmt::Display for ConsolidationReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let levels: Vec<String> = self
+            .chunks_per_level
+            .iter()
+            .map(|(l, n)| format!("level {l}: {n}"))
+            .collect();
+        write!(
+            f,
+            "{} summaries ({}), {} memories covered, {} failed, {} tails waiting{}, {:.2} s ({:.2} s summarizing)",
+            self.chunks(),
+            if levels.is_empty() { "none".to_owned() } else { levels.join(", ") },
+            self.memories_covered,
+            self.failures.len(),
+            self.deferred_tails,
+            if self.cancelled { ", cancelled" } else { "" },
+            self.elapsed.as_secs_f64(),
+            self.summarizer_time.as_secs_f64()
+        )
+    }
+}
+
+fn tool_call_ids(m: &MemoryUnit) -> Vec<String> {
+    m.metadata
+        .get("tool_calls")
+        .and_then(|v| v.as_array())
+        .map(|calls| {
+            calls
+                .iter()
+                .filter_map(|c| c.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn answers(m: &MemoryUnit) -> Option<&str> {
+    if m.role == Some(Role::Tool) || m.kind == MemoryKind::ToolLog {
+        m.metadata.get("tool_call_id").and_then(|v| v.as_str())
+    } else {
+        None
+    }
+}
+
+/// Cuts `items` into chunks of about `size` without splitting a tool call from its results.
+/// Returns the chunks and the unchunked tail.
+pub(crate) fn chunk(items: &[MemoryUnit], size: usize) -> (Vec<&[MemoryUnit]>, &[MemoryUnit]) {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    while items.len() - start >= size {
+        let mut end = start + size;
+        // Open calls inside the chunk: extend to take their results, if they exist.
+        loop {
+            let open: Vec<String> = open_calls(&items[start..end]);
+            if open.is_empty() {
+                break;
+            }
+            // Results that follow directly (within one more chunk) are taken in.
+            let mut grown = end;
+            while grown < items.len() && grown < end + size {
+                let next = &items[grown];
+                if answers(next).is_some_and(|id| open.iter().any(|o| o == id)) {
+                    grown += 1;
+                } else {
+                    break;
+                }
+            }
+            if grown > end && open_calls(&items[start..grown]).is_empty() {
+                end = grown;
+                break;
+            }
+            // Results missing: end the chunk before the earliest open call.
+            let first_open = items[start..end]
+                .iter()
+                .position(|m| tool_call_ids(m).iter().any(|id| open.contains(id)))
+                .map_or(end, |p| start + p);
+            if first_open == start {
+                // The chunk starts with an unresolved call: nothing can be cut here yet.
+                return (chunks, &items[start..]);
+            }
+            end = first_open;
+            break;
+        }
+        chunks.push(&items[start..end]);
+        start = end;
+    }
+    (chunks, &items[start..])
+}
+
+fn open_calls(items: &[MemoryUnit]) -> Vec<String> {
+    let mut open: Vec<String> = Vec::new();
+    for m in items {
+        open.extend(tool_call_ids(m));
+        if let Some(id) = answers(m) {
+            open.retain(|o| o != id);
+        }
+    }
+    open
+}
+
+/// Items for a summarizer, with speakers from metadata.
+pub(crate) fn summary_items(chunk: &[MemoryUnit]) -> Vec<SummaryItem> {
+    chunk
+        .iter()
+        .map(|m| SummaryItem {
+            kind: m.kind,
+            role: m.role,
+            speaker: m
+                .metadata
+                .get("speaker")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned),
+            created_at: m.created_at,
+            content: m.content.clone(),
+        })
+        .collect()
+}
+
+impl MemoryHarness {
+    /// Runs one consolidation pass (see the module docs of `consolidate`).
+    pub async fn consolidate(&self, policy: ConsolidationPolicy) -> Result<ConsolidationReport> {
+        policy.validate()?;
+        let started = Instant::now();
+        let mut report = ConsolidationReport::default();
+        let now = self.inner.clock.now();
+        let cutoff = now - chrono::Duration::from_std(policy.older_than).unwrap_or_default();
+        let tail_cutoff = now - chrono::Duration::from_std(policy.max_age).unwrap_or_default();
+        let threads: Vec<Option<ThreadId>> = if policy.threads.is_empty() {
+            let inner = self.inner.clone();
+            let mut t: Vec<Option<ThreadId>> = blocking(move || inner.store.threads())
+                .await??
+                .into_iter()
+                .map(Some)
+                .collect();
+            t.push(None);
+            t
+        } else {
+            policy.threads.iter().cloned().map(Some).collect()
+        };
+        let mut incomplete: HashSet<(u32, Option<ThreadId>)> = HashSet::new();
+        'levels: for level in 0..policy.max_level {
+            for thread in &threads {
+                let mut filter = Filter::all().levels(level, level);
+                filter.before = Some(cutoff);
+                filter.kinds = if level == 0 {
+                    policy.kinds.clone()
+                } else {
+                    vec![MemoryKind::Summary]
+                };
+                filter.thread = thread.clone();
+                let inner = self.inner.clone();
+                let f = filter.clone();
+                let mut items =
+                    blocking(move || inner.store.scan_uncovered(&f, level + 1)).await??;
+                if thread.is_none() {
+                    items.retain(|m| m.thread_id.is_none());
+                }
+                // A level whose own chunks failed in this pass is incomplete: rolling it up
+                // now would group its summaries differently from a pass without failures.
+                if level > 0 && incomplete.contains(&(level, thread.clone())) {
+                    continue;
+                }
+                let size = if level == 0 {
+                    policy.chunk_size
+                } else {
+                    policy.fanout
+                };
+                let (mut chunks, tail) = chunk(&items, size);
+                if !tail.is_empty() {
+                    // Raw tails wait for more memories unless they are long enough or
+                    // overdue; summaries roll up only in full groups of `fanout`.
+                    let newest = tail.iter().map(|m| m.created_at).max();
+                    let overdue = newest.is_some_and(|t| t < tail_cutoff);
+                    if level == 0
+                        && (tail.len() >= policy.min_chunk || overdue)
+                        && open_calls(tail).is_empty()
+                    {
+                        chunks.push(tail);
+                    } else if level == 0 {
+                        report.deferred_tails += 1;
+                    }
+                }
+                for c in chunks {
+                    if policy
+                        .stop
+                        .as_ref()
+                        .is_some_and(|s| s.load(Ordering::SeqCst))
+                    {
+                        report.cancelled = true;
+                        break 'levels;
+                    }
+                    let failed_before = report.failures.len();
+                    self.summarize_chunk(c, level, thread.clone(), &policy, &mut report)
+                        .await?;
+                    if report.failures.len() > failed_before {
+                        incomplete.insert((level + 1, thread.clone()));
+                    }
+                }
+            }
+        }
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    async fn summarize_chunk(
+        &self,
+        chunk: &[MemoryUnit],
+        level: u32,
+        thread: Option<ThreadId>,
+        policy: &ConsolidationPolicy,
+        report: &mut ConsolidationReport,
+    ) -> Result<()> {
+        let request = SummaryRequest {
+            previous: None,
+            items: summary_items(chunk),
+            max_tokens: policy.summary_tokens,
+        };
+        let ids: Vec<MemoryId> = chunk.iter().map(|m| m.id).collect();
+        let fail = |reason: String| ChunkFailure {
+            level: level + 1,
+            thread: thread.clone(),
+            memory_ids: ids.clone(),
+            reason,
+        };
+        let t = Instant::now();
+        let outcome =
+            tokio::time::timeout(policy.timeout, self.inner.summarizer.summarize(&request)).await;
+        report.summarizer_time += t.elapsed();
+        let text = match outcome {
+            Err(_) => {
+                let e = SummarizeError::Timeout {
+                    seconds: policy.timeout.as_secs_f64(),
+                };
+                tracing::warn!(level, error = %e, "chunk left for the next pass");
+                report.failures.push(fail(e.to_string()));
+                return Ok(());
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(level, error = %e, "chunk left for the next pass");
+                report.failures.push(fail(e.to_string()));
+                return Ok(());
+            }
+            Ok(Ok(text)) if text.trim().is_empty() => {
+                report
+                    .failures
+                    .push(fail(SummarizeError::EmptyOutput.to_string()));
+                return Ok(());
+            }
+            Ok(Ok(text)) => text,
+        };
+        let mut metadata = cairn_core::Metadata::new();
+        metadata.insert(
+            "consolidation".into(),
+            serde_json::json!({ "summarizer": self.inner.summarizer.name() }),
+        );
+        let summary = NewSummary {
+            id: None,
+            content: text,
+            source_ids: ids.clone(),
+            thread_id: thread.clone(),
+            summary_type: if level == 0 {
+                SummaryType::Conversation
+            } else {
+                SummaryType::Session
+            },
+            metadata,
+            created_at: chunk.iter().map(|m| m.created_at).max(),
+        };
+        match self.add_summary_with(summary).await {
+            Ok(unit) => {
+                *report.chunks_per_level.entry(level + 1).or_default() += 1;
+                report.memories_covered += chunk.len();
+                report.summaries.push(unit.id);
+                Ok(())
+            }
+            // A source deleted meanwhile: the chunk is retried next pass.
+            Err(HarnessError::NotFound { id }) => {
+                report
+                    .failures
+                    .push(fail(format!("source {id} was deleted during the pass")));
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! Consolidation: chunking, levels, cutoff, failures, timeouts, interruption (stop flag and
+//! SIGKILL), and summarizers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeSet, HashSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cairn_core::{
+    Embedder, ManualClock, MemoryKind, NewMemory, Role, SummarizeError, Summarizer, SummaryRequest,
+    ThreadId,
+};
+use cairn_embed::HashEmbedder;
+use cairn_harness::{
+    ConsolidationPolicy, ExtractiveSummarizer, Filter, MemoryHarness, SummaryTree,
+};
+use chrono::{DateTime, Utc};
+
+fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_750_000_000, 0).unwrap()
+}
+
+fn embedder() -> Arc<dyn Embedder> {
+    Arc::new(HashEmbedder::new(64))
+}
+
+async fn harness(path: &std::path::Path, summarizer: Option<Arc<dyn Summarizer>>) -> MemoryHarness {
+    let e = embedder();
+    let mut b = MemoryHarness::builder(path)
+        .embedder(e.clone())
+        .clock(Arc::new(ManualClock::new(now())));
+    b = b.summarizer(summarizer.unwrap_or_else(|| Arc::new(ExtractiveSummarizer::new(e))));
+    b.build().await.unwrap()
+}
+
+/// Three threads of turns, one every 10 minutes ending `recent` turns before now.
+async fn seed(mem: &MemoryHarness, per_thread: usize, recent: usize) {
+    for t in 0..3 {
+        let thread = ThreadId::new(format!("thread-{t}")).unwrap();
+        let batch: Vec<NewMemory> = (0..per_thread)
+            .map(|i| {
+                let at = if i + recent >= per_thread {
+                    // Inside the last hour.
+                    now() - chrono::Duration::minutes(((per_thread - i) as i64) * 5)
+                } else {
+                    now() - chrono::Duration::days(20) + chrono::Duration::minutes(i as i64 * 10)
+                };
+                let role = if i % 2 == 0 { Role::User } else { Role::Assistant };
+                let mut m = NewMemory::conversational(thread.clone(), role, format!("In thread {t}, message {i} talks about topic {}. It has a second sentence number {i}.", i % 7)).at(at);
+                m.metadata.insert("speaker".into(), serde_json::json!(format!("Speaker{}", i % 2)));
+                m
+            })
+            .collect();
+        mem.add_many(batch).await.unwrap();
+    }
+}
+
+fn signature(tree: &SummaryTree) -> String {
+    if tree.children.is_empty() {
+        return tree.memory.content.clone();
+    }
+    let kids: Vec<String> = tree.children.iter().map(signature).collect();
+    format!("{}<{}>", tree.memory.content, kids.join("|"))
+}
+
+async fn forest(mem: &MemoryHarness) -> BTreeSet<String> {
+    let all = mem
+        .list(Filter::all().kinds([MemoryKind::Summary]), 0, usize::MAX)
+        .await
+        .unwrap();
+    let mut out = BTreeSet::new();
+    for s in all {
+        if mem.summaries_of(s.id).await.unwrap().is_empty() {
+            out.insert(signature(&mem.summary_tree(s.id).await.unwrap()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_a_tree_from_old_memories_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = harness(&dir.path().join("c.db"), None).await;
+    seed(&mem, 107, 4).await;
+    let policy = ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3);
+    let report = mem.consolidate(policy.clone()).await.unwrap();
+    println!("{report}");
+    assert!(report.failures.is_empty());
+    // 103 old turns per thread: 5 chunks of 20 + a tail of 3, which is older than max_age
+    // (7 days) and so summarized too.
+    assert_eq!(report.chunks_per_level[&1], 3 * 6);
+    // 6 level-1 summaries per thread roll up by 3 into 2, which roll up... 2 < fanout: wait.
+    assert_eq!(report.chunks_per_level[&2], 3 * 2);
+    assert_eq!(report.memories_covered, 3 * 103 + 3 * 6);
+    let cutoff = now() - chrono::Duration::hours(1);
+    for t in 0..3 {
+        let turns = mem
+            .get_conversational(&format!("thread-{t}"), 1_000)
+            .await
+            .unwrap();
+        let mut reachable = HashSet::new();
+        let summaries = mem
+            .list(
+                Filter::all()
+                    .kinds([MemoryKind::Summary])
+                    .thread(ThreadId::new(format!("thread-{t}")).unwrap()),
+                0,
+                1_000,
+            )
+            .await
+            .unwrap();
+        for s in &summaries {
+            assert_eq!(
+                s.thread_id.as_ref().unwrap().as_str(),
+                format!("thread-{t}"),
+                "chunks never mix threads"
+            );
+            for leaf in mem.expand_to_leaves(s.id).await.unwrap() {
+                assert_eq!(leaf.thread_id, s.thread_id);
+                reachable.insert(leaf.id);
+            }
+            if s.level == 1 {
+                assert!(s.summary.as_ref().unwrap().source_count <= 20);
+                // Who said it and when survives.
+                assert!(
+                    s.content.contains("Speaker") && s.content.contains('['),
+                    "{}",
+                    s.content
+                );
+            }
+        }
+        for turn in &turns {
+            if turn.created_at < cutoff {
+                assert!(
+                    reachable.contains(&turn.id),
+                    "old turn {} not covered",
+                    turn.content
+                );
+            } else {
+                assert!(
+                    !reachable.contains(&turn.id),
+                    "a turn newer than the cutoff was touched"
+                );
+                assert!(mem.summaries_of(turn.id).await.unwrap().is_empty());
+            }
+        }
+        // Every covered turn is reachable from a top summary.
+        let tops: Vec<_> = summaries.iter().filter(|s| s.level == 2).collect();
+        let mut from_tops = HashSet::new();
+        for t in &tops {
+            from_tops.extend(
+                mem.expand_to_leaves(t.id)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|m| m.id),
+            );
+        }
+        let level1_alone: Vec<_> = summaries.iter().filter(|s| s.level == 1).collect();
+        for s in level1_alone {
+            if mem.summaries_of(s.id).await.unwrap().is_empty() {
+                from_tops.extend(
+                    mem.expand_to_leaves(s.id)
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .map(|m| m.id),
+                );
+            }
+        }
+        assert_eq!(from_tops, reachable);
+    }
+    // Idempotent: a second pass writes nothing.
+    let again = mem.consolidate(policy).await.unwrap();
+    assert_eq!(again.chunks(), 0, "{again}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_fresh_tails_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = harness(&dir.path().join("t.db"), None).await;
+    let thread = ThreadId::new("t").unwrap();
+    // 23 turns two hours old: one chunk of 20, a tail of 3 that is younger than max_age.
+    let batch = (0..23)
+        .map(|i| {
+            NewMemory::conversational(thread.clone(), Role::User, format!("turn {i}."))
+                .at(now() - chrono::Duration::hours(2))
+        })
+        .collect();
+    mem.add_many(batch).await.unwrap();
+    let r = mem
+        .consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    assert_eq!(r.chunks(), 1);
+    assert_eq!(r.deferred_tails, 1);
+    let r = mem
+        .consolidate(
+            ConsolidationPolicy::older_than(Duration::from_secs(3600))
+                .max_age(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.chunks(), 1, "an overdue tail is summarized");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_stay_with_their_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = harness(&dir.path().join("tc.db"), None).await;
+    let thread = ThreadId::new("tools").unwrap();
+    let mut batch = Vec::new();
+    for i in 0..40 {
+        let at = now() - chrono::Duration::days(30) + chrono::Duration::minutes(i);
+        let m = if i == 19 {
+            let mut m = NewMemory::conversational(
+                thread.clone(),
+                Role::Assistant,
+                "calling the weather tool",
+            )
+            .at(at);
+            m.metadata.insert("tool_calls".into(), serde_json::json!([{"id": "call-1", "name": "weather"}, {"id": "call-2", "name": "time"}]));
+            m
+        } else if i == 20 || i == 21 {
+            let mut m =
+                NewMemory::conversational(thread.clone(), Role::Tool, format!("result {i}")).at(at);
+            m.metadata.insert(
+                "tool_call_id".into(),
+                serde_json::json!(if i == 20 { "call-1" } else { "call-2" }),
+            );
+            m
+        } else {
+            NewMemory::conversational(thread.clone(), Role::User, format!("plain turn {i}.")).at(at)
+        };
+        batch.push(m);
+    }
+    mem.add_many(batch).await.unwrap();
+    let r = mem
+        .consolidate(ConsolidationPolicy::older_than(Duration::from_secs(60)).fanout(10))
+        .await
+        .unwrap();
+    assert_eq!(r.chunks_per_level[&1], 2);
+    let first = mem.expand_summary(r.summaries[0]).await.unwrap();
+    assert_eq!(first.len(), 22, "the chunk grew to take both results");
+    assert_eq!(first.last().unwrap().content, "result 21");
+
+    // An unresolved call at a chunk's end: the chunk stops before it.
+    let dir = tempfile::tempdir().unwrap();
+    let mem = harness(&dir.path().join("tc2.db"), None).await;
+    let mut batch = Vec::new();
+    for i in 0..25 {
+        let at = now() - chrono::Duration::days(30) + chrono::Duration::minutes(i);
+        let mut m =
+            NewMemory::conversational(thread.clone(), Role::User, format!("turn {i}.")).at(at);
+        if i == 18 {
+            m.role = Some(Role::Assistant);
+            m.metadata
+                .insert("tool_calls".into(), serde_json::json!([{"id": "pending"}]));
+        }
+        batch.push(m);
+    }
+    mem.add_many(batch).await.unwrap();
+    let r = mem
+        .consolidate(ConsolidationPolicy::older_than(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(r.chunks(), 1);
+    assert_eq!(mem.expand_summary(r.summaries[0]).await.unwrap().len(), 18);
+    assert_eq!(r.deferred_tails, 1, "the open call waits for its result");
+}
+
+/// Fails every third call.
+struct Flaky {
+    inner: ExtractiveSummarizer,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl Summarizer for Flaky {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) % 3 == 2 {
+            return Err(SummarizeError::Http {
+                status: 503,
+                message: "overloaded".into(),
+            });
+        }
+        self.inner.summarize(r).await
+    }
+}
+
+/// Sleeps before answering.
+struct Slow(Duration, ExtractiveSummarizer);
+
+#[async_trait]
+impl Summarizer for Slow {
+    fn name(&self) -> &str {
+        "slow"
+    }
+    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
+        tokio::time::sleep(self.0).await;
+        self.1.summarize(r).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_lose_nothing_and_the_next_pass_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = {
+        let mem = harness(&dir.path().join("ref.db"), None).await;
+        seed(&mem, 107, 0).await;
+        mem.consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
+            .await
+            .unwrap();
+        forest(&mem).await
+    };
+    let flaky = Arc::new(Flaky {
+        inner: ExtractiveSummarizer::new(embedder()),
+        calls: AtomicUsize::new(0),
+    });
+    let mem = harness(&dir.path().join("f.db"), Some(flaky)).await;
+    seed(&mem, 107, 0).await;
+    let before = mem.stats().await.unwrap().store.total;
+    let policy = ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3);
+    let r1 = mem.consolidate(policy.clone()).await.unwrap();
+    assert!(!r1.failures.is_empty());
+    assert!(r1.failures.iter().all(|f| f.reason.contains("503")));
+    let after = mem.stats().await.unwrap().store;
+    assert_eq!(after.by_kind["conversational"], before, "no memory lost");
+    let mut passes = 1;
+    loop {
+        let r = mem.consolidate(policy.clone()).await.unwrap();
+        passes += 1;
+        if r.chunks() == 0 && r.failures.is_empty() {
+            break;
+        }
+        assert!(passes < 10);
+    }
+    assert_eq!(
+        forest(&mem).await,
+        reference,
+        "retries complete the same tree"
+    );
+
+    // A summarizer slower than the timeout: every chunk fails as a timeout, nothing written.
+    let slow = Arc::new(Slow(
+        Duration::from_millis(300),
+        ExtractiveSummarizer::new(embedder()),
+    ));
+    let mem = harness(&dir.path().join("s.db"), Some(slow)).await;
+    seed(&mem, 30, 0).await;
+    let r = mem
+        .consolidate(
+            ConsolidationPolicy::older_than(Duration::from_secs(3600))
+                .timeout(Duration::from_millis(20)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.chunks(), 0);
+    assert!(!r.failures.is_empty());
+    assert!(
+        r.failures.iter().all(|f| f.reason.contains("timed out")),
+        "{:?}",
+        r.failures
+    );
+    assert_eq!(mem.stats().await.unwrap().store.total, 90);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_flag_then_resume_gives_the_same_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = {
+        let mem = harness(&dir.path().join("ref.db"), None).await;
+        seed(&mem, 107, 0).await;
+        mem.consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
+            .await
+            .unwrap();
+        forest(&mem).await
+    };
+    let mem = harness(&dir.path().join("i.db"), None).await;
+    seed(&mem, 107, 0).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let policy = ConsolidationPolicy::older_than(Duration::from_secs(3600))
+        .fanout(3)
+        .stop_flag(stop.clone());
+    let flag = stop.clone();
+    let watcher = {
+        let mem = mem.clone();
+        tokio::spawn(async move {
+            loop {
+                if mem
+                    .stats()
+                    .await
+                    .unwrap()
+                    .store
+                    .by_kind
+                    .get("summary")
+                    .copied()
+                    .unwrap_or(0)
+                    >= 5
+                {
+                    flag.store(true, Ordering::SeqCst);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let r = mem.consolidate(policy.clone()).await.unwrap();
+    watcher.await.unwrap();
+    assert!(r.cancelled);
+    stop.store(false, Ordering::SeqCst);
+    mem.consolidate(policy).await.unwrap();
+    assert_eq!(forest(&mem).await, reference);
+}
+
+const CHILD: &str = "CAIRN_CONSOLIDATE_CHILD_DB";
+
+/// Child side of the SIGKILL test: consolidates slowly until killed.
+#[test]
+fn consolidate_child() {
+    let Ok(path) = std::env::var(CHILD) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let slow = Arc::new(Slow(
+            Duration::from_millis(15),
+            ExtractiveSummarizer::new(embedder()),
+        ));
+        let mem = harness(std::path::Path::new(&path), Some(slow)).await;
+        println!("ready");
+        mem.consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
+            .await
+            .unwrap();
+        println!("done");
+    });
+}
+
+/// Killing a consolidating process at seeded random moments, then running again, gives the
+/// same tree as one uninterrupted pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_pass_then_resume_gives_the_same_tree() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.db");
+    {
+        let mem = harness(&base, None).await;
+        seed(&mem, 107, 0).await;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for round in 0..3 {
+        let path = dir.path().join(format!("kill-{round}.db"));
+        std::fs::copy(&base, &path).unwrap();
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "consolidate_child",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, &path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        while let Some(Ok(l)) = lines.next() {
+            if l.contains("ready") {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(40..250)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let mem = harness(&path, None).await;
+        let partial = mem
+            .stats()
+            .await
+            .unwrap()
+            .store
+            .by_kind
+            .get("summary")
+            .copied()
+            .unwrap_or(0);
+        mem.consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
+            .await
+            .unwrap();
+        let resumed = forest(&mem).await;
+        let fresh_path = dir.path().join(format!("fresh-{round}.db"));
+        std::fs::copy(&base, &fresh_path).unwrap();
+        let fresh = harness(&fresh_path, None).await;
+        fresh
+            .consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
+            .await
+            .unwrap();
+        assert_eq!(
+            resumed,
+            forest(&fresh).await,
+            "round {round} (killed after {partial} summaries)"
+        );
+    }
+}
