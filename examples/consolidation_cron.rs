@@ -105,7 +105,10 @@ async fn import_sample(mem: &MemoryHarness) -> anyhow::Result<usize> {
     let mut per_day = std::collections::HashMap::new();
     for (thread, day, role, text) in SAMPLE {
         let n: &mut i64 = per_day.entry((thread, day)).or_default();
-        let at = start + chrono::Duration::days(i64::from(*day)) + chrono::Duration::hours(if *thread == "trip" { 9 } else { 15 }) + chrono::Duration::minutes(*n * 3);
+        let at = start
+            + chrono::Duration::days(i64::from(*day))
+            + chrono::Duration::hours(if *thread == "trip" { 9 } else { 15 })
+            + chrono::Duration::minutes(*n * 3);
         *n += 1;
         batch.push(NewMemory::conversational(ThreadId::new(*thread)?, *role, *text).at(at));
     }
@@ -116,9 +119,19 @@ fn print_tree(t: &SummaryTree, depth: usize) {
     let m = &t.memory;
     let first_line = m.content.lines().next().unwrap_or("");
     let text: String = first_line.chars().take(90).collect();
-    let more = if m.content.lines().count() > 1 || first_line.chars().count() > 90 { " …" } else { "" };
+    let more = if m.content.lines().count() > 1 || first_line.chars().count() > 90 {
+        " …"
+    } else {
+        ""
+    };
     if m.is_summary() {
-        println!("{}[L{}] {} ({} sources) {text}{more}", "  ".repeat(depth), m.level, m.id, t.children.len());
+        println!(
+            "{}[L{}] {} ({} sources) {text}{more}",
+            "  ".repeat(depth),
+            m.level,
+            m.id,
+            t.children.len()
+        );
         for c in &t.children {
             if c.memory.is_summary() {
                 print_tree(c, depth + 1);
@@ -142,7 +155,10 @@ async fn main() -> anyhow::Result<()> {
     } else {
         println!("summarizer: extractive (no LLM); set CAIRN_OPENAI_BASE_URL to use a server");
     }
-    let mem = builder.build().await.with_context(|| format!("opening {}", args.db.display()))?;
+    let mem = builder
+        .build()
+        .await
+        .with_context(|| format!("opening {}", args.db.display()))?;
     if mem.stats().await?.store.total == 0 {
         let n = import_sample(&mem).await?;
         println!("empty store: imported the built-in sample ({n} turns over three days, threads 'trip' and 'bug')");
@@ -163,15 +179,28 @@ async fn main() -> anyhow::Result<()> {
         .stop_flag(stop.clone());
     loop {
         let report = mem.consolidate(policy.clone()).await?;
-        println!("\n== pass at {} ==\n{report}", mem.clock().now().format("%Y-%m-%d %H:%M:%S UTC"));
+        println!(
+            "\n== pass at {} ==\n{report}",
+            mem.clock().now().format("%Y-%m-%d %H:%M:%S UTC")
+        );
         for f in &report.failures {
-            println!("  failed (will retry): level {} thread {:?}: {}", f.level, f.thread.as_ref().map(ThreadId::as_str), f.reason);
+            println!(
+                "  failed (will retry): level {} thread {:?}: {}",
+                f.level,
+                f.thread.as_ref().map(ThreadId::as_str),
+                f.reason
+            );
         }
-        let summaries = mem.list(Filter::all().kinds([MemoryKind::Summary]), 0, usize::MAX).await?;
+        let summaries = mem
+            .list(Filter::all().kinds([MemoryKind::Summary]), 0, usize::MAX)
+            .await?;
         println!("summary tree ({} summaries):", summaries.len());
         for s in &summaries {
             if mem.summaries_of(s.id).await?.is_empty() {
-                println!("thread {}:", s.thread_id.as_ref().map_or("-", ThreadId::as_str));
+                println!(
+                    "thread {}:",
+                    s.thread_id.as_ref().map_or("-", ThreadId::as_str)
+                );
                 print_tree(&mem.summary_tree(s.id).await?, 1);
             }
         }
@@ -184,6 +213,12 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let stats = mem.stats().await?;
-    println!("\nstore: {} memories, {} summaries, {} links; index: {} live entries", stats.store.total, stats.store.by_kind.get("summary").copied().unwrap_or(0), stats.store.links, stats.store.index.live);
+    println!(
+        "\nstore: {} memories, {} summaries, {} links; index: {} live entries",
+        stats.store.total,
+        stats.store.by_kind.get("summary").copied().unwrap_or(0),
+        stats.store.links,
+        stats.store.index.live
+    );
     Ok(())
 }

@@ -4,7 +4,12 @@
 //! interpreter with onnxruntime==1.32.0, tokenizers and numpy; without one, only Cairn's
 //! figures are printed). Runs alternate between the two so both see the same machine load.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation
+)]
 
 use std::process::Command;
 use std::time::Instant;

@@ -246,36 +246,30 @@ pub(crate) fn chunk(items: &[MemoryUnit], size: usize) -> (Vec<&[MemoryUnit]>, &
     while items.len() - start >= size {
         let mut end = start + size;
         // Open calls inside the chunk: extend to take their results, if they exist.
-        loop {
-            let open: Vec<String> = open_calls(&items[start..end]);
-            if open.is_empty() {
-                break;
-            }
+        let open: Vec<String> = open_calls(&items[start..end]);
+        if !open.is_empty() {
             // Results that follow directly (within one more chunk) are taken in.
             let mut grown = end;
-            while grown < items.len() && grown < end + size {
-                let next = &items[grown];
-                if answers(next).is_some_and(|id| open.iter().any(|o| o == id)) {
-                    grown += 1;
-                } else {
-                    break;
-                }
+            while grown < items.len()
+                && grown < end + size
+                && answers(&items[grown]).is_some_and(|id| open.iter().any(|o| o == id))
+            {
+                grown += 1;
             }
             if grown > end && open_calls(&items[start..grown]).is_empty() {
                 end = grown;
-                break;
+            } else {
+                // Results missing: end the chunk before the earliest open call.
+                let first_open = items[start..end]
+                    .iter()
+                    .position(|m| tool_call_ids(m).iter().any(|id| open.contains(id)))
+                    .map_or(end, |p| start + p);
+                if first_open == start {
+                    // The chunk starts with an unresolved call: nothing can be cut yet.
+                    return (chunks, &items[start..]);
+                }
+                end = first_open;
             }
-            // Results missing: end the chunk before the earliest open call.
-            let first_open = items[start..end]
-                .iter()
-                .position(|m| tool_call_ids(m).iter().any(|id| open.contains(id)))
-                .map_or(end, |p| start + p);
-            if first_open == start {
-                // The chunk starts with an unresolved call: nothing can be cut here yet.
-                return (chunks, &items[start..]);
-            }
-            end = first_open;
-            break;
         }
         chunks.push(&items[start..end]);
         start = end;

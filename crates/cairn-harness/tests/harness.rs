@@ -35,7 +35,7 @@ async fn open(dir: &tempfile::TempDir, e: Arc<dyn Embedder>) -> MemoryHarness {
 async fn every_kind_add_get_and_conversation_order() {
     let dir = tempfile::tempdir().unwrap();
     let mem = open(&dir, hash()).await;
-    let ids = vec![
+    let ids = [
         mem.add_knowledge("Paris is the capital of France")
             .await
             .unwrap(),

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cairn_core::{
-    ManualClock, MemoryKind, NewMemory, Role, SummarizeError, SummaryItem, SummaryRequest,
-    Summarizer, ThreadId,
+    ManualClock, MemoryKind, NewMemory, Role, SummarizeError, Summarizer, SummaryItem,
+    SummaryRequest, ThreadId,
 };
 use cairn_embed::HashEmbedder;
 use cairn_harness::{ConsolidationPolicy, MemoryHarness, OpenAiSummarizer};
@@ -34,11 +34,17 @@ impl Drop for Server {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn start() -> Server {
-    let status = Command::new(root().join("scripts/setup-llm.sh")).status().expect("run scripts/setup-llm.sh");
+    let status = Command::new(root().join("scripts/setup-llm.sh"))
+        .status()
+        .expect("run scripts/setup-llm.sh");
     assert!(status.success(), "provisioning the test LLM server failed");
     let python = std::env::var("CAIRN_LLM_VENV")
         .map(|v| PathBuf::from(v).join("bin/python"))
@@ -52,7 +58,9 @@ fn start() -> Server {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert!(line.starts_with("READY"), "server did not start: {line:?}");
     Server { child, port }
 }
@@ -69,8 +77,14 @@ fn request() -> SummaryRequest {
     SummaryRequest {
         previous: None,
         items: vec![
-            item(Role::User, "I am planning a hiking trip to the Alps in August."),
-            item(Role::Assistant, "Great! Do you need boots or a hut reservation?"),
+            item(
+                Role::User,
+                "I am planning a hiking trip to the Alps in August.",
+            ),
+            item(
+                Role::Assistant,
+                "Great! Do you need boots or a hut reservation?",
+            ),
             item(Role::User, "Boots. My budget is 150 euros."),
         ],
         max_tokens: 60,
@@ -83,13 +97,19 @@ async fn summaries_timeouts_and_connection_errors_against_a_real_server() {
     let base = format!("http://127.0.0.1:{}", server.port);
 
     // A summary comes back.
-    let s = OpenAiSummarizer::builder(&base, "smollm2").timeout(Duration::from_secs(120)).build().unwrap();
+    let s = OpenAiSummarizer::builder(&base, "smollm2")
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
     let text = s.summarize(&request()).await.unwrap();
     println!("summary from SmolLM2: {text:?}");
     assert!(!text.trim().is_empty());
 
     // A timeout shorter than the call is reported as a timeout.
-    let quick = OpenAiSummarizer::builder(&base, "smollm2").timeout(Duration::from_millis(30)).build().unwrap();
+    let quick = OpenAiSummarizer::builder(&base, "smollm2")
+        .timeout(Duration::from_millis(30))
+        .build()
+        .unwrap();
     let mut long = request();
     long.max_tokens = 400;
     match quick.summarize(&long).await {
@@ -111,11 +131,18 @@ async fn summaries_timeouts_and_connection_errors_against_a_real_server() {
     let batch = request()
         .items
         .iter()
-        .map(|i| NewMemory::conversational(thread.clone(), i.role.unwrap(), &i.content).at(now - chrono::Duration::days(30)))
+        .map(|i| {
+            NewMemory::conversational(thread.clone(), i.role.unwrap(), &i.content)
+                .at(now - chrono::Duration::days(30))
+        })
         .collect();
     mem.add_many(batch).await.unwrap();
     let r = mem
-        .consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).min_chunk(1).summary_tokens(60))
+        .consolidate(
+            ConsolidationPolicy::older_than(Duration::from_secs(3600))
+                .min_chunk(1)
+                .summary_tokens(60),
+        )
         .await
         .unwrap();
     assert_eq!(r.chunks(), 1, "{r}");
