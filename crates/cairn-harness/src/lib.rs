@@ -29,6 +29,7 @@ mod consolidate;
 mod error;
 mod extractive;
 mod harness;
+pub mod import;
 mod openai;
 mod tokens;
 
@@ -36,8 +37,8 @@ pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
 pub use error::{HarnessError, Result};
 pub use extractive::{sentences, ExtractiveSummarizer};
 pub use harness::{
-    fuse, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness, SearchHit, SearchMode,
-    SearchOptions, SummaryTree, RRF_K,
+    fuse, fuse_weighted, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness,
+    SearchHit, SearchMode, SearchOptions, SummaryTree, RRF_K,
 };
 pub use openai::{
     render_transcript, OpenAiBuilder, OpenAiSummarizer, PromptTemplate, DEFAULT_TEMPLATE,
