@@ -3,6 +3,7 @@
 //!
 //! `cargo run --release --example hierarchical` (local MiniLM model, temporary store).
 
+use anyhow::Context;
 use cairn::{MemoryHarness, NewMemory, NewSummary, Role, SummaryType, ThreadId};
 
 const DAYS: [(&str, [&str; 4]); 5] = [
@@ -118,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
     );
     assert_eq!(leaves.len(), 20);
 
-    let raw = first_raw.expect("messages were added");
+    let raw = first_raw.context("no messages were added")?;
     let up = mem.ancestors(raw).await?;
     println!("back-links from {:?}:", mem.get(raw).await?.content);
     for s in &up {

@@ -4,6 +4,7 @@
 //! `cargo run --release --example progressive_detail` (uses the local MiniLM model; the store
 //! lives in a temporary directory).
 
+use anyhow::Context;
 use cairn::{MemoryHarness, Role, SearchOptions};
 
 const TOPICS: [&str; 5] = [
@@ -42,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
                    moved the hot loop to a multiprocessing pool, and used asyncio for network calls.";
     let sid = mem.add_summary(summary, &ids[..30], Some(thread)).await?;
     let s = mem.get(sid).await?;
-    let info = s.summary.as_ref().expect("a summary");
+    let info = s.summary.as_ref().context("not a summary")?;
     println!(
         "summary {sid}: level {}, {} sources, {} .. {}",
         s.level, info.source_count, info.time_range_start, info.time_range_end
