@@ -26,6 +26,8 @@
 //! ```
 
 mod consolidate;
+mod context;
+mod conversation;
 mod error;
 mod extractive;
 mod harness;
@@ -34,6 +36,12 @@ mod openai;
 mod tokens;
 
 pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
+pub use context::{AssembledContext, ChatMessage, ContextItem, ContextOptions, Section};
+pub use conversation::{
+    AutoContextOptions, AutoContextSummarizer, CompletedSummary, ContextMessage, ConversationStats,
+    MemoryValue, PendingSummary, RunningSummaryMemory, RunningSummaryOptions, SummarizeOutcome,
+    SummaryBufferMemory, SummaryBufferOptions, ToolCall, SUMMARY_SEPARATOR,
+};
 pub use error::{HarnessError, Result};
 pub use extractive::{sentences, ExtractiveSummarizer};
 pub use harness::{

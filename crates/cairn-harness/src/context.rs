@@ -1,0 +1,362 @@
+//! Context assembly: what to send to a model for the next turn of a thread.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
+use cairn_store::Filter;
+
+use crate::harness::{blocking, search_blocking, Inner};
+use crate::{MemoryHarness, Result, SearchMode, SearchOptions};
+
+/// Why a piece is in the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Section {
+    /// A summary of the thread's older turns.
+    Summary,
+    /// An older turn recalled for the query.
+    Recalled,
+    /// One of the most recent turns, verbatim.
+    Recent,
+}
+
+/// One piece of an assembled context, with its provenance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextItem {
+    /// Memory id.
+    pub id: MemoryId,
+    /// Kind.
+    pub kind: MemoryKind,
+    /// Level (0 for turns).
+    pub level: u32,
+    /// Role, for turns.
+    pub role: Option<Role>,
+    /// Text (cut to fit only when the newest turn alone exceeds the budget).
+    pub content: String,
+    /// When it happened.
+    pub created_at: DateTime<Utc>,
+    /// The memory's metadata (imports keep theirs: a LoCoMo turn carries its `dia_id`).
+    pub metadata: Metadata,
+    /// For summaries: what they summarize.
+    pub source_ids: Vec<MemoryId>,
+    /// Why it is here.
+    pub section: Section,
+    /// Tokens it costs as a message.
+    pub tokens: usize,
+}
+
+/// A chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Text.
+    pub content: String,
+}
+
+/// The context for a thread and a query, within a token budget.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssembledContext {
+    /// Summaries (oldest first), then recalled turns (in time order), then recent turns.
+    pub items: Vec<ContextItem>,
+    /// Tokens used, by the harness's counter (per-message overhead included).
+    pub tokens: usize,
+    /// The budget.
+    pub budget: usize,
+}
+
+fn render_item(i: &ContextItem) -> String {
+    let date = i.created_at.format("%Y-%m-%d %H:%M");
+    match i.section {
+        Section::Summary => format!(
+            "[summary of earlier conversation, up to {date}]\n{}",
+            i.content
+        ),
+        _ => format!("[{date}] {}", i.content),
+    }
+}
+
+impl AssembledContext {
+    /// As chat messages: summaries and recalled turns as system messages, recent turns with
+    /// their roles.
+    pub fn to_messages(&self) -> Vec<ChatMessage> {
+        self.items
+            .iter()
+            .map(|i| ChatMessage {
+                role: match (i.section, i.role) {
+                    (Section::Recent, Some(r)) => r.as_str().to_owned(),
+                    _ => "system".to_owned(),
+                },
+                content: render_item(i),
+            })
+            .collect()
+    }
+
+    /// As one string, one piece per paragraph.
+    pub fn render(&self) -> String {
+        self.items
+            .iter()
+            .map(render_item)
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    }
+}
+
+/// How the budget is shared. Shares are of the budget; what one part leaves unused goes to
+/// recall.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ContextOptions {
+    /// For the most recent turns. Default 0.3.
+    pub recent_share: f64,
+    /// For the thread's top summaries. Default 0.15.
+    pub summary_share: f64,
+    /// Candidates recalled from each search. Default 40.
+    pub recall_depth: usize,
+    /// Turns on each side of a recalled turn taken along when they fit. Default 1.
+    pub neighbors: usize,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        Self {
+            recent_share: 0.3,
+            summary_share: 0.15,
+            recall_depth: 40,
+            neighbors: 1,
+        }
+    }
+}
+
+fn item(m: &MemoryUnit, section: Section, counter: &dyn TokenCounter) -> ContextItem {
+    let mut i = ContextItem {
+        id: m.id,
+        kind: m.kind,
+        level: m.level,
+        role: m.role,
+        content: m.content.clone(),
+        created_at: m.created_at,
+        metadata: m.metadata.clone(),
+        source_ids: m
+            .summary
+            .as_ref()
+            .map(|s| s.source_ids.clone())
+            .unwrap_or_default(),
+        section,
+        tokens: 0,
+    };
+    i.tokens = counter.count_message(&render_item(&i));
+    i
+}
+
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+fn share(budget: usize, s: f64) -> usize {
+    (budget as f64 * s.clamp(0.0, 1.0)) as usize
+}
+
+pub(crate) fn assemble_blocking(
+    inner: &Inner,
+    thread: &ThreadId,
+    query: &str,
+    budget: usize,
+    options: &ContextOptions,
+) -> Result<AssembledContext> {
+    let counter = inner.token_counter.as_ref();
+    let turns_filter = Filter::all()
+        .thread(thread.clone())
+        .kinds([MemoryKind::Conversational, MemoryKind::ToolLog]);
+    let mut used = 0usize;
+    let mut taken: HashSet<MemoryId> = HashSet::new();
+
+    // 1. Recent turns, newest first, within their share; the newest always.
+    let recent_pool = inner.store.recent(&turns_filter, 64)?;
+    let mut recent: Vec<ContextItem> = Vec::new();
+    let recent_cap = share(budget, options.recent_share);
+    for m in recent_pool.iter().rev() {
+        let mut it = item(m, Section::Recent, counter);
+        if recent.is_empty() && it.tokens > budget {
+            // The newest turn alone is over the budget: cut it to fit.
+            let mut text = it.content.clone();
+            while !text.is_empty() && {
+                it.content = format!("{}…", text.trim_end());
+                it.tokens = counter.count_message(&render_item(&it));
+                it.tokens > budget
+            } {
+                let keep = text.chars().count() * 9 / 10;
+                text = text.chars().take(keep).collect();
+            }
+            if it.tokens > budget {
+                break;
+            }
+        } else if !recent.is_empty() && used + it.tokens > recent_cap {
+            break;
+        }
+        used += it.tokens;
+        taken.insert(it.id);
+        recent.push(it);
+    }
+    recent.reverse();
+    let oldest_recent = recent.first().map(|i| i.created_at);
+
+    // 2. Top summaries of the thread (not cited by another summary), covering older turns.
+    let mut summaries: Vec<ContextItem> = Vec::new();
+    let summary_cap = used + share(budget, options.summary_share);
+    let all_summaries = inner.store.scan(
+        &Filter::all()
+            .thread(thread.clone())
+            .kinds([MemoryKind::Summary]),
+        0,
+        usize::MAX,
+    )?;
+    let cited: HashSet<MemoryId> = all_summaries
+        .iter()
+        .flat_map(|s| s.summary.iter().flat_map(|i| i.source_ids.iter().copied()))
+        .collect();
+    let mut tops: Vec<&MemoryUnit> = all_summaries
+        .iter()
+        .filter(|s| !cited.contains(&s.id))
+        .collect();
+    tops.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+    for s in tops {
+        let it = item(s, Section::Summary, counter);
+        if used + it.tokens > summary_cap.min(budget) {
+            continue;
+        }
+        used += it.tokens;
+        taken.insert(it.id);
+        summaries.push(it);
+    }
+    summaries.sort_by_key(|i| i.created_at);
+
+    // 3. Recall: turns and summaries ranked together for the query; a matched summary routes
+    //    to its best source turns. Neighbours of recalled turns come along when they fit.
+    let mut recalled: Vec<ContextItem> = Vec::new();
+    if !query.trim().is_empty() && used < budget {
+        let turn_opts = SearchOptions::all()
+            .thread(thread.clone())
+            .kinds([MemoryKind::Conversational, MemoryKind::ToolLog])
+            .k(options.recall_depth)
+            .mode(SearchMode::Hybrid);
+        let turn_hits = search_blocking(inner, query, &turn_opts)?;
+        let summary_opts = SearchOptions::summaries()
+            .thread(thread.clone())
+            .k(5)
+            .mode(SearchMode::Hybrid);
+        let summary_hits = search_blocking(inner, query, &summary_opts)?;
+        let turn_rank: HashMap<MemoryId, usize> = turn_hits
+            .iter()
+            .enumerate()
+            .map(|(r, h)| (h.memory.id, r))
+            .collect();
+        let mut ordered: Vec<MemoryUnit> = turn_hits.iter().map(|h| h.memory.clone()).collect();
+        // A matched summary contributes its sources that the turn search ranked, best first,
+        // slotted in at the summary's own rank.
+        for (rank, h) in summary_hits.iter().enumerate() {
+            let leaves = inner.store.leaves(h.memory.id)?;
+            let mut routed: Vec<&MemoryUnit> = leaves
+                .iter()
+                .filter(|l| turn_rank.contains_key(&l.id))
+                .collect();
+            routed.sort_by_key(|l| turn_rank[&l.id]);
+            let at = (rank * 2).min(ordered.len());
+            for (j, l) in routed.into_iter().take(2).enumerate() {
+                ordered.insert((at + j).min(ordered.len()), l.clone());
+            }
+        }
+        let mut chosen: Vec<MemoryUnit> = Vec::new();
+        for m in ordered {
+            if taken.contains(&m.id) || oldest_recent.is_some_and(|t| m.created_at >= t) {
+                continue;
+            }
+            let it = item(&m, Section::Recalled, counter);
+            if used + it.tokens > budget {
+                continue;
+            }
+            used += it.tokens;
+            taken.insert(it.id);
+            recalled.push(it);
+            chosen.push(m);
+        }
+        // Neighbours, nearest first, while they fit.
+        if options.neighbors > 0 && used < budget {
+            for m in &chosen {
+                let window = chrono::Duration::hours(12);
+                let mut f = turns_filter.clone();
+                f.after = Some(m.created_at - window);
+                f.before = Some(m.created_at + window);
+                let around = inner.store.scan(&f, 0, 400)?;
+                let Some(pos) = around.iter().position(|x| x.id == m.id) else {
+                    continue;
+                };
+                for d in 1..=options.neighbors {
+                    for n in [pos.checked_sub(d), pos.checked_add(d)]
+                        .into_iter()
+                        .flatten()
+                    {
+                        let Some(nb) = around.get(n) else { continue };
+                        if taken.contains(&nb.id)
+                            || oldest_recent.is_some_and(|t| nb.created_at >= t)
+                        {
+                            continue;
+                        }
+                        let it = item(nb, Section::Recalled, counter);
+                        if used + it.tokens > budget {
+                            continue;
+                        }
+                        used += it.tokens;
+                        taken.insert(it.id);
+                        recalled.push(it);
+                    }
+                }
+            }
+        }
+        recalled.sort_by_key(|i| i.created_at);
+    }
+
+    let mut items = summaries;
+    items.extend(recalled);
+    items.extend(recent);
+    let tokens = items.iter().map(|i| i.tokens).sum();
+    Ok(AssembledContext {
+        items,
+        tokens,
+        budget,
+    })
+}
+
+impl MemoryHarness {
+    /// What to send to a model for `thread` and `query` within `budget` tokens (the
+    /// harness's token counter): the thread's top summaries, its most recent turns verbatim
+    /// (the newest always), and older turns recalled for the query — turns and summaries
+    /// searched together, a matched summary routing to its best source turns, neighbouring
+    /// turns along — de-duplicated and in time order within each part.
+    pub async fn assemble_context(
+        &self,
+        thread_id: &str,
+        query: &str,
+        budget: usize,
+    ) -> Result<AssembledContext> {
+        self.assemble_context_with(thread_id, query, budget, ContextOptions::default())
+            .await
+    }
+
+    /// [`Self::assemble_context`] with explicit shares.
+    pub async fn assemble_context_with(
+        &self,
+        thread_id: &str,
+        query: &str,
+        budget: usize,
+        options: ContextOptions,
+    ) -> Result<AssembledContext> {
+        let thread = ThreadId::new(thread_id)?;
+        let inner = self.inner.clone();
+        let query = query.to_owned();
+        blocking(move || assemble_blocking(&inner, &thread, &query, budget, &options)).await?
+    }
+}
