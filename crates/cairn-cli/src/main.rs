@@ -1,7 +1,611 @@
-//! `cairn`: the command-line tool over a Cairn store (work in progress: see the README's
-//! capability table).
+//! `cairn`: load conversations into a Cairn store, consolidate them, search, expand,
+//! assemble context and evaluate retrieval, from a shell or a script.
+//!
+//! Every read command takes `--json` (one JSON document on stdout); errors go to stderr with
+//! a non-zero exit code. Long work shows a progress bar on a terminal and stays quiet when
+//! piped.
 
-fn main() {
-    eprintln!("cairn: the command-line tool is not built yet; use the library or the examples");
-    std::process::exit(2);
+mod eval;
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use cairn_core::{MemoryId, MemoryKind, MemoryUnit, NewMemory, Role, ThreadId};
+use cairn_harness::import::{parse_jsonl, parse_locomo, JsonlRecord};
+use cairn_harness::{
+    ConsolidationPolicy, DeletePolicy, Filter, MemoryHarness, OpenAiSummarizer, SearchMode,
+    SearchOptions, SummaryTree,
+};
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "cairn",
+    version,
+    about = "A hierarchical, vector-backed memory store for LLM agents"
+)]
+struct Cli {
+    /// The store (SQLite file; created if missing).
+    #[arg(long, global = true, default_value = "cairn.db", env = "CAIRN_DB")]
+    db: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Jsonl,
+    Locomo,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SummarizerChoice {
+    Extractive,
+    Openai,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Import memories (JSONL lines or a LoCoMo conversation); importing twice adds nothing.
+    Import {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: Format,
+        /// Thread (default for LoCoMo: the file's stem).
+        #[arg(long)]
+        thread: Option<String>,
+    },
+    /// Add one memory.
+    Add {
+        content: String,
+        #[arg(long, default_value = "knowledge")]
+        kind: String,
+        #[arg(long)]
+        thread: Option<String>,
+        #[arg(long)]
+        role: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one memory.
+    Get {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a memory.
+    Delete {
+        id: String,
+        #[arg(long, default_value = "restrict")]
+        policy: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Search memories.
+    Search {
+        query: String,
+        #[arg(long)]
+        kind: Vec<String>,
+        #[arg(long)]
+        thread: Option<String>,
+        #[arg(short, long)]
+        k: Option<usize>,
+        #[arg(long, default_value = "hybrid")]
+        mode: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A summary's sources (or every raw memory under it with --leaves).
+    Expand {
+        id: String,
+        #[arg(long)]
+        leaves: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draw the summary hierarchy (under ID, or every top summary of a thread).
+    Tree {
+        id: Option<String>,
+        #[arg(long)]
+        thread: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Summarize old memories into a tree.
+    Consolidate {
+        /// Age in seconds, or with a unit: 90s, 30m, 2h, 7d.
+        #[arg(long, default_value = "1h")]
+        older_than: String,
+        #[arg(long, default_value_t = 20)]
+        chunk_size: usize,
+        #[arg(long, default_value_t = 5)]
+        fanout: usize,
+        #[arg(long, value_enum, default_value = "extractive")]
+        summarizer: SummarizerChoice,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Counts and index health.
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write memories as JSONL (what `import` reads back).
+    Export {
+        #[arg(long)]
+        thread: Option<String>,
+    },
+    /// Rebuild the vector index from the stored embeddings.
+    Reindex,
+    /// Assemble the context for a thread and a query within a token budget.
+    Context {
+        #[arg(long, required_unless_present = "batch")]
+        thread: Option<String>,
+        #[arg(long, required_unless_present = "batch")]
+        query: Option<String>,
+        #[arg(long, default_value_t = 2000)]
+        budget: usize,
+        /// JSONL lines {"thread", "query", "budget"}; one JSON result per line.
+        #[arg(long)]
+        batch: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retrieval evaluations.
+    Eval {
+        #[command(subcommand)]
+        what: EvalCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum EvalCommand {
+    /// Evidence recall of several context strategies on LoCoMo conversations.
+    Locomo {
+        dir: PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        budget: usize,
+        /// Keep the evaluation store in this file (reused by later runs).
+        #[arg(long)]
+        store: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn id(s: &str) -> Result<MemoryId> {
+    s.parse()
+        .with_context(|| format!("{s:?} is not a memory id"))
+}
+
+fn thread(s: &str) -> Result<ThreadId> {
+    Ok(ThreadId::new(s)?)
+}
+
+/// Parses `90`, `90s`, `30m`, `2h`, `7d`.
+fn duration(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('s') => (&s[..s.len() - 1], 1),
+        Some('m') => (&s[..s.len() - 1], 60),
+        Some('h') => (&s[..s.len() - 1], 3600),
+        Some('d') => (&s[..s.len() - 1], 86_400),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .with_context(|| format!("bad duration {s:?} (use 90s, 30m, 2h, 7d)"))?;
+    Ok(Duration::from_secs(n.saturating_mul(mult)))
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn line(m: &MemoryUnit) -> String {
+    let text: String = m.content.replace('\n', " ").chars().take(100).collect();
+    format!(
+        "{}  {:<14} L{} {:<10} {}  {}",
+        m.id,
+        m.kind.as_str(),
+        m.level,
+        m.thread_id.as_ref().map_or("-", ThreadId::as_str),
+        m.created_at.format("%Y-%m-%d %H:%M"),
+        text
+    )
+}
+
+fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    if std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new(len);
+        pb.set_message(what.to_owned());
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
+}
+
+async fn open(db: &Path) -> Result<MemoryHarness> {
+    MemoryHarness::open(db)
+        .await
+        .with_context(|| format!("opening the store {}", db.display()))
+}
+
+fn draw(t: &SummaryTree, depth: usize, out: &mut String) {
+    let m = &t.memory;
+    let text: String = m
+        .content
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(80)
+        .collect();
+    out.push_str(&format!(
+        "{}{} [L{}] {}\n",
+        "  ".repeat(depth),
+        m.id,
+        m.level,
+        text
+    ));
+    for c in &t.children {
+        draw(c, depth + 1, out);
+    }
+}
+
+/// Imports parsed memories in batches with a progress bar; returns (added, skipped).
+async fn import_memories(mem: &MemoryHarness, memories: Vec<NewMemory>) -> Result<(usize, usize)> {
+    let total = memories.len();
+    let pb = progress(total as u64, "importing");
+    let mut added = 0;
+    for chunk in memories.chunks(256) {
+        added += mem.add_new(chunk.to_vec()).await?.len();
+        pb.inc(chunk.len() as u64);
+    }
+    pb.finish_and_clear();
+    Ok((added, total - added))
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli).await {
+        eprintln!("cairn: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Import {
+            file,
+            format,
+            thread: t,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let memories = match format {
+                Format::Jsonl => {
+                    let t = t.as_deref().map(thread).transpose()?;
+                    parse_jsonl(&text, t.as_ref())
+                        .with_context(|| format!("{}: nothing imported", file.display()))?
+                }
+                Format::Locomo => {
+                    let stem = file
+                        .file_stem()
+                        .and_then(|s| s.to_str())
+                        .unwrap_or("locomo");
+                    let t = thread(t.as_deref().unwrap_or(stem))?;
+                    parse_locomo(&text, &t)
+                        .with_context(|| format!("{}: nothing imported", file.display()))?
+                        .turns
+                }
+            };
+            let mem = open(&cli.db).await?;
+            let (added, skipped) = import_memories(&mem, memories).await?;
+            eprintln!("imported {added} memories ({skipped} already present)");
+        }
+        Command::Add {
+            content,
+            kind,
+            thread: t,
+            role,
+            json,
+        } => {
+            let kind: MemoryKind = kind.parse()?;
+            let mut m = NewMemory::new(kind, content);
+            m.thread_id = t.as_deref().map(thread).transpose()?;
+            m.role = role.as_deref().map(str::parse::<Role>).transpose()?;
+            let mem = open(&cli.db).await?;
+            let new = mem.add(m).await?;
+            if json {
+                print_json(&mem.get(new).await?)?;
+            } else {
+                println!("{new}");
+            }
+        }
+        Command::Get { id: i, json } => {
+            let mem = open(&cli.db).await?;
+            let m = mem.get(id(&i)?).await?;
+            if json {
+                print_json(&m)?;
+            } else {
+                println!("{}", line(&m));
+                println!("{}", m.content);
+                if let Some(s) = &m.summary {
+                    println!(
+                        "summary of {} sources ({} .. {}){}",
+                        s.source_count,
+                        s.time_range_start,
+                        s.time_range_end,
+                        if s.stale { ", stale" } else { "" }
+                    );
+                }
+            }
+        }
+        Command::Delete {
+            id: i,
+            policy,
+            json,
+        } => {
+            let policy: DeletePolicy = policy.parse()?;
+            let mem = open(&cli.db).await?;
+            let r = mem.delete_with(id(&i)?, policy).await?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "deleted {} memories; {} summaries detached",
+                    r.deleted.len(),
+                    r.detached.len()
+                );
+            }
+        }
+        Command::Search {
+            query,
+            kind,
+            thread: t,
+            k,
+            mode,
+            json,
+        } => {
+            let mut opts = SearchOptions::all().mode(mode.parse::<SearchMode>()?);
+            opts.filter.kinds = kind
+                .iter()
+                .map(|k| k.parse::<MemoryKind>())
+                .collect::<Result<_, _>>()?;
+            opts.filter.thread = t.as_deref().map(thread).transpose()?;
+            opts.k = k;
+            let mem = open(&cli.db).await?;
+            let hits = mem.search(&query, opts).await?;
+            if json {
+                print_json(&hits)?;
+            } else {
+                for h in hits {
+                    println!("{:>8.4}  {}", h.score, line(&h.memory));
+                }
+            }
+        }
+        Command::Expand {
+            id: i,
+            leaves,
+            json,
+        } => {
+            let mem = open(&cli.db).await?;
+            let out = if leaves {
+                mem.expand_to_leaves(id(&i)?).await?
+            } else {
+                mem.expand_summary(id(&i)?).await?
+            };
+            if json {
+                print_json(&out)?;
+            } else {
+                out.iter().for_each(|m| println!("{}", line(m)));
+            }
+        }
+        Command::Tree {
+            id: i,
+            thread: t,
+            json,
+        } => {
+            let mem = open(&cli.db).await?;
+            let roots: Vec<MemoryId> = match (i, t) {
+                (Some(i), _) => vec![id(&i)?],
+                (None, t) => {
+                    let mut f = Filter::all().kinds([MemoryKind::Summary]);
+                    f.thread = t.as_deref().map(thread).transpose()?;
+                    let mut tops = Vec::new();
+                    for s in mem.list(f, 0, usize::MAX).await? {
+                        if mem.summaries_of(s.id).await?.is_empty() {
+                            tops.push(s.id);
+                        }
+                    }
+                    tops
+                }
+            };
+            let mut trees = Vec::new();
+            for r in roots {
+                trees.push(mem.summary_tree(r).await?);
+            }
+            if json {
+                print_json(&trees)?;
+            } else {
+                let mut out = String::new();
+                trees.iter().for_each(|t| draw(t, 0, &mut out));
+                print!("{out}");
+            }
+        }
+        Command::Consolidate {
+            older_than,
+            chunk_size,
+            fanout,
+            summarizer,
+            json,
+        } => {
+            let mut b = MemoryHarness::builder(&cli.db);
+            if let SummarizerChoice::Openai = summarizer {
+                let url = std::env::var("CAIRN_OPENAI_BASE_URL").context("--summarizer openai needs CAIRN_OPENAI_BASE_URL (and optionally CAIRN_OPENAI_MODEL, OPENAI_API_KEY)")?;
+                let model =
+                    std::env::var("CAIRN_OPENAI_MODEL").unwrap_or_else(|_| "gpt-4o-mini".into());
+                b = b.summarizer(std::sync::Arc::new(
+                    OpenAiSummarizer::builder(url, model).build()?,
+                ));
+            }
+            let mem = b.build().await?;
+            let pb = progress(0, "consolidating");
+            pb.enable_steady_tick(Duration::from_millis(200));
+            let policy = ConsolidationPolicy::older_than(duration(&older_than)?)
+                .chunk_size(chunk_size)
+                .fanout(fanout);
+            let report = mem.consolidate(policy).await?;
+            pb.finish_and_clear();
+            if json {
+                print_json(&report)?;
+            } else {
+                println!("{report}");
+                for f in &report.failures {
+                    println!(
+                        "  failed (kept for the next run): level {} {:?}: {}",
+                        f.level,
+                        f.thread.as_ref().map(ThreadId::as_str),
+                        f.reason
+                    );
+                }
+            }
+        }
+        Command::Stats { json } => {
+            let mem = open(&cli.db).await?;
+            let s = mem.stats().await?;
+            if json {
+                print_json(&s)?;
+            } else {
+                println!(
+                    "model {}; {} memories, {} links, {} stale summaries",
+                    s.model_id, s.store.total, s.store.links, s.store.stale_summaries
+                );
+                let mut kinds: Vec<_> = s.store.by_kind.iter().collect();
+                kinds.sort();
+                for (k, n) in kinds {
+                    println!("  {k:<15} {n}");
+                }
+                let mut levels: Vec<_> = s.store.by_level.iter().collect();
+                levels.sort();
+                for (l, n) in levels {
+                    println!("  level {l:<9} {n}");
+                }
+                println!(
+                    "index: {} live, {} tombstones, {} unsnapshotted",
+                    s.store.index.live, s.store.index.tombstones, s.store.index.unsnapshotted
+                );
+            }
+        }
+        Command::Export { thread: t } => {
+            let mem = open(&cli.db).await?;
+            let mut f = Filter::all();
+            f.thread = t.as_deref().map(thread).transpose()?;
+            let mut out = std::io::stdout().lock();
+            for m in mem.list(f, 0, usize::MAX).await? {
+                if m.kind == MemoryKind::Summary {
+                    continue;
+                }
+                let r = JsonlRecord {
+                    id: Some(m.id),
+                    thread: m.thread_id,
+                    role: m.role,
+                    kind: Some(m.kind),
+                    content: m.content,
+                    created_at: Some(m.created_at),
+                    metadata: m.metadata,
+                };
+                serde_json::to_writer(&mut out, &r)?;
+                writeln!(out)?;
+            }
+        }
+        Command::Reindex => {
+            let mem = open(&cli.db).await?;
+            let pb = progress(0, "reindexing");
+            pb.enable_steady_tick(Duration::from_millis(200));
+            mem.reindex().await?;
+            pb.finish_and_clear();
+            eprintln!("index rebuilt");
+        }
+        Command::Context {
+            thread: t,
+            query,
+            budget,
+            batch,
+            json,
+        } => {
+            let mem = open(&cli.db).await?;
+            let render = |ctx: &cairn_harness::AssembledContext| {
+                serde_json::json!({
+                    "tokens": ctx.tokens,
+                    "budget": ctx.budget,
+                    "items": ctx.items.iter().map(|i| serde_json::json!({
+                        "id": i.id, "kind": i.kind, "level": i.level, "section": i.section,
+                        "content": i.content, "created_at": i.created_at,
+                        "metadata": i.metadata, "source_ids": i.source_ids,
+                    })).collect::<Vec<_>>(),
+                })
+            };
+            if let Some(file) = batch {
+                let reader = std::io::BufReader::new(
+                    std::fs::File::open(&file)
+                        .with_context(|| format!("reading {}", file.display()))?,
+                );
+                for (n, l) in reader.lines().enumerate() {
+                    let l = l?;
+                    if l.trim().is_empty() {
+                        continue;
+                    }
+                    let v: serde_json::Value =
+                        serde_json::from_str(&l).with_context(|| format!("line {}", n + 1))?;
+                    let (Some(t), Some(q)) = (v["thread"].as_str(), v["query"].as_str()) else {
+                        bail!("line {}: needs \"thread\" and \"query\"", n + 1);
+                    };
+                    let b = v["budget"]
+                        .as_u64()
+                        .map_or(budget, |b| usize::try_from(b).unwrap_or(usize::MAX));
+                    print_json(&render(&mem.assemble_context(t, q, b).await?))?;
+                }
+            } else {
+                let (Some(t), Some(q)) = (t, query) else {
+                    bail!("--thread and --query are required")
+                };
+                let ctx = mem.assemble_context(&t, &q, budget).await?;
+                if json {
+                    print_json(&render(&ctx))?;
+                } else {
+                    println!(
+                        "{}\n\n({} of {} tokens)",
+                        ctx.render(),
+                        ctx.tokens,
+                        ctx.budget
+                    );
+                }
+            }
+        }
+        Command::Eval {
+            what:
+                EvalCommand::Locomo {
+                    dir,
+                    budget,
+                    store,
+                    json,
+                },
+        } => {
+            let report = eval::locomo(&dir, budget, store.as_deref()).await?;
+            if json {
+                print_json(&report)?;
+            } else {
+                print!("{}", eval::table(&report));
+            }
+        }
+    }
+    Ok(())
 }

@@ -58,6 +58,34 @@ fn provisioning_into_an_empty_directory_then_nothing_more() {
     assert_eq!(e.embed(&["hello"]).unwrap()[0].len(), MINILM_DIM);
 }
 
+/// Two threads provisioning the same empty directory at once: both succeed, one copy wins,
+/// no temporary directory is left and the model is intact.
+#[test]
+fn concurrent_first_uses_do_not_corrupt_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_owned();
+    let handles: Vec<_> = (0..2)
+        .map(|_| {
+            let root = root.clone();
+            std::thread::spawn(move || ModelFiles::find_or_fetch(&root))
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    assert_eq!(results[0], results[1]);
+    assert_eq!(
+        provision::sha256_file(&results[0].model).unwrap(),
+        provision::MODEL_SHA256
+    );
+    let names: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+}
+
 #[test]
 fn determinism_dimension_and_norm() {
     let m = model();

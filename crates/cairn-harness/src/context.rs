@@ -109,22 +109,26 @@ impl AssembledContext {
 /// recall.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ContextOptions {
-    /// For the most recent turns. Default 0.3.
+    /// For the most recent turns. Default 0.1.
     pub recent_share: f64,
-    /// For the thread's top summaries. Default 0.15.
+    /// For the thread's top summaries. Default 0.05.
     pub summary_share: f64,
-    /// Candidates recalled from each search. Default 40.
+    /// Candidates recalled from each search. Default 150.
     pub recall_depth: usize,
     /// Turns on each side of a recalled turn taken along when they fit. Default 1.
     pub neighbors: usize,
+    /// The best this many recalled turns bring their neighbours in right after themselves;
+    /// the others' neighbours only fill what is left. Default 2.
+    pub neighbor_hits: usize,
 }
 
 impl Default for ContextOptions {
     fn default() -> Self {
         Self {
-            recent_share: 0.3,
-            summary_share: 0.15,
-            recall_depth: 40,
+            recent_share: 0.1,
+            summary_share: 0.05,
+            recall_depth: 150,
+            neighbor_hits: 2,
             neighbors: 1,
         }
     }
@@ -269,50 +273,59 @@ pub(crate) fn assemble_blocking(
                 ordered.insert((at + j).min(ordered.len()), l.clone());
             }
         }
+        let neighbours_of = |m: &MemoryUnit| -> Result<Vec<MemoryUnit>> {
+            let window = chrono::Duration::hours(12);
+            let mut f = turns_filter.clone();
+            f.after = Some(m.created_at - window);
+            f.before = Some(m.created_at + window);
+            let around = inner.store.scan(&f, 0, 400)?;
+            let Some(pos) = around.iter().position(|x| x.id == m.id) else {
+                return Ok(Vec::new());
+            };
+            let mut out = Vec::new();
+            for d in 1..=options.neighbors {
+                for n in [pos.checked_sub(d), pos.checked_add(d)]
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(nb) = around.get(n) {
+                        out.push(nb.clone());
+                    }
+                }
+            }
+            Ok(out)
+        };
+        let mut take =
+            |m: &MemoryUnit, used: &mut usize, recalled: &mut Vec<ContextItem>| -> bool {
+                if taken.contains(&m.id) || oldest_recent.is_some_and(|t| m.created_at >= t) {
+                    return false;
+                }
+                let it = item(m, Section::Recalled, counter);
+                if *used + it.tokens > budget {
+                    return false;
+                }
+                *used += it.tokens;
+                taken.insert(it.id);
+                recalled.push(it);
+                true
+            };
         let mut chosen: Vec<MemoryUnit> = Vec::new();
         for m in ordered {
-            if taken.contains(&m.id) || oldest_recent.is_some_and(|t| m.created_at >= t) {
+            if !take(&m, &mut used, &mut recalled) {
                 continue;
             }
-            let it = item(&m, Section::Recalled, counter);
-            if used + it.tokens > budget {
-                continue;
+            if chosen.len() < options.neighbor_hits && options.neighbors > 0 {
+                for nb in neighbours_of(&m)? {
+                    take(&nb, &mut used, &mut recalled);
+                }
             }
-            used += it.tokens;
-            taken.insert(it.id);
-            recalled.push(it);
             chosen.push(m);
         }
-        // Neighbours, nearest first, while they fit.
+        // Neighbours of the other recalled turns, while they fit.
         if options.neighbors > 0 && used < budget {
-            for m in &chosen {
-                let window = chrono::Duration::hours(12);
-                let mut f = turns_filter.clone();
-                f.after = Some(m.created_at - window);
-                f.before = Some(m.created_at + window);
-                let around = inner.store.scan(&f, 0, 400)?;
-                let Some(pos) = around.iter().position(|x| x.id == m.id) else {
-                    continue;
-                };
-                for d in 1..=options.neighbors {
-                    for n in [pos.checked_sub(d), pos.checked_add(d)]
-                        .into_iter()
-                        .flatten()
-                    {
-                        let Some(nb) = around.get(n) else { continue };
-                        if taken.contains(&nb.id)
-                            || oldest_recent.is_some_and(|t| nb.created_at >= t)
-                        {
-                            continue;
-                        }
-                        let it = item(nb, Section::Recalled, counter);
-                        if used + it.tokens > budget {
-                            continue;
-                        }
-                        used += it.tokens;
-                        taken.insert(it.id);
-                        recalled.push(it);
-                    }
+            for m in chosen.iter().skip(options.neighbor_hits) {
+                for nb in neighbours_of(m)? {
+                    take(&nb, &mut used, &mut recalled);
                 }
             }
         }

@@ -417,6 +417,19 @@ impl MemoryHarness {
         Ok(units.into_iter().map(|u| u.id).collect())
     }
 
+    /// Adds the memories whose ids are not in the store yet (imports with deterministic ids
+    /// are idempotent this way); returns the ids added.
+    pub async fn add_new(&self, memories: Vec<NewMemory>) -> Result<Vec<MemoryId>> {
+        let ids: Vec<MemoryId> = memories.iter().filter_map(|m| m.id).collect();
+        let inner = self.inner.clone();
+        let existing = blocking(move || inner.store.existing(&ids)).await??;
+        let fresh: Vec<NewMemory> = memories
+            .into_iter()
+            .filter(|m| m.id.is_none_or(|id| !existing.contains(&id)))
+            .collect();
+        self.add_many(fresh).await
+    }
+
     /// Adds a conversation turn to `thread`.
     pub async fn add_conversational(
         &self,

@@ -560,3 +560,27 @@ async fn search_filters_and_errors() {
         Err(HarnessError::Input(InputError::InvalidTimeRange))
     ));
 }
+
+/// Token counts from a Hugging Face tokenizer.json (the embedding model's), beside the exact
+/// OpenAI encodings and the estimate.
+#[test]
+fn token_counters_agree_with_their_tokenizers() {
+    use cairn_core::{CharEstimateCounter, TokenCounter};
+    use cairn_harness::{HfTokenCounter, TiktokenCounter};
+    let model = FastEmbedder::new().unwrap();
+    let hf = HfTokenCounter::from_file(&model.files().tokenizer[0])
+        .unwrap()
+        .with_overhead(2);
+    let text = "Reciprocal rank fusion merges BM25 and dense rankings.";
+    assert_eq!(hf.count(text), model.count_tokens(text).unwrap());
+    assert_eq!(hf.count_message(text), hf.count(text) + 2);
+    // A long text is counted whole (no truncation at the model's window).
+    let long = "word ".repeat(1_000);
+    assert_eq!(hf.count(&long), 1_000);
+    let cl = TiktokenCounter::cl100k().unwrap();
+    let o = TiktokenCounter::o200k().unwrap();
+    assert_eq!(cl.count(&long), 1_000);
+    assert!(o.count(text) > 5 && cl.count(text) > 5);
+    assert_eq!(CharEstimateCounter::default().count("abcdefgh"), 2);
+    assert!(HfTokenCounter::from_file("/nonexistent/tokenizer.json").is_err());
+}

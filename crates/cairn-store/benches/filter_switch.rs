@@ -80,6 +80,7 @@ fn main() {
     let open = |max: usize| {
         let mut o = StoreOptions::new("bench", DIM);
         o.exact_scan_max = max;
+        o.exact_scan_factor = if max == 0 { 0.0 } else { f64::MAX };
         Store::open(&path, o).unwrap()
     };
     let graph = open(0);

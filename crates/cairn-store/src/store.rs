@@ -718,6 +718,21 @@ impl Store {
         self.read(|c| rows::get_unit(c, id))
     }
 
+    /// Which of `ids` exist.
+    pub fn existing(&self, ids: &[MemoryId]) -> Result<HashSet<MemoryId>> {
+        self.read(|c| {
+            let mut stmt =
+                c.prepare_cached("SELECT EXISTS (SELECT 1 FROM memories WHERE id = ?1)")?;
+            let mut out = HashSet::new();
+            for id in ids {
+                if stmt.query_row(params![id.as_bytes()], |r| r.get::<_, bool>(0))? {
+                    out.insert(*id);
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Reads several memories, in the order asked; unknown ids are an error.
     pub fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
         self.read(|c| ids.iter().map(|id| rows::get_unit(c, *id)).collect())
@@ -861,7 +876,7 @@ impl Store {
         }
         let shared = &self.inner.shared;
         let ef = ef.unwrap_or(shared.options.hnsw.ef_search);
-        let (admitted, thread_key) = {
+        let (admitted, thread_key, live) = {
             let attrs = shared.index.attrs();
             let thread_key = match &filter.thread {
                 Some(t) => match attrs.thread_key(t.as_str()) {
@@ -877,12 +892,15 @@ impl Store {
             if !filter.kinds.is_empty() {
                 n = n.min(attrs.kinds_count(&filter.kinds));
             }
-            (n, thread_key)
+            (n, thread_key, attrs.map.len())
         };
         if admitted == 0 {
             return Ok(Vec::new());
         }
-        let found = if !filter.is_empty() && admitted <= shared.options.exact_scan_max {
+        #[allow(clippy::cast_precision_loss)]
+        let few = admitted <= shared.options.exact_scan_max
+            || admitted as f64 <= shared.options.exact_scan_factor * (live as f64).sqrt();
+        let found = if !filter.is_empty() && few {
             self.exact_scan(&q, k, filter)?
         } else if filter.is_empty() {
             shared.index.search(&q, k, ef, None)

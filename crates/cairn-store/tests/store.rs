@@ -66,6 +66,7 @@ fn filtered_search_returns_only_admitted() {
         let dir = tmp();
         let mut opts = options(32);
         opts.exact_scan_max = exact_scan_max;
+        opts.exact_scan_factor = if exact_scan_max == 0 { 0.0 } else { 32.0 };
         let store = Store::open(dir.path().join("f.db"), opts).unwrap();
         let mut rng = StdRng::seed_from_u64(7);
         let t0 = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();

@@ -1,0 +1,280 @@
+//! The `cairn` binary end to end (real model, temporary stores).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn cairn(db: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cairn"))
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_str(ok(o).trim()).unwrap()
+}
+
+const DEV: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/data/locomo-dev"
+);
+
+#[test]
+fn locomo_import_export_round_trip_and_json_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("c.db");
+    let file = Path::new(DEV).join("30.json");
+    if !file.exists() {
+        eprintln!("skipping: {} not present", file.display());
+        return;
+    }
+    ok(&cairn(
+        &db,
+        &["import", file.to_str().unwrap(), "--format", "locomo"],
+    ));
+    let raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let expected: usize = (1..100)
+        .filter_map(|n| raw[format!("session_{n}")].as_array().map(Vec::len))
+        .sum();
+    let stats = json(&cairn(&db, &["stats", "--json"]));
+    assert_eq!(
+        stats["store"]["by_kind"]["conversational"]
+            .as_u64()
+            .unwrap() as usize,
+        expected
+    );
+    // Importing again adds nothing.
+    let again = cairn(
+        &db,
+        &["import", file.to_str().unwrap(), "--format", "locomo"],
+    );
+    assert!(String::from_utf8_lossy(&again.stderr).contains("imported 0 memories"));
+    assert_eq!(
+        json(&cairn(&db, &["stats", "--json"]))["store"]["total"],
+        stats["store"]["total"]
+    );
+
+    // Search JSON: hits with memory and score; turns carry dia_id, session, speaker and the
+    // session's date.
+    let hits = json(&cairn(
+        &db,
+        &[
+            "search",
+            "adoption agency",
+            "--thread",
+            "30",
+            "-k",
+            "3",
+            "--json",
+        ],
+    ));
+    let first = &hits[0];
+    assert!(first["score"].is_number());
+    let meta = &first["memory"]["metadata"];
+    assert!(meta["dia_id"].as_str().unwrap().starts_with('D'));
+    assert!(meta["session"].is_number() && meta["speaker"].is_string());
+    let d1: Vec<_> = ok(&cairn(&db, &["export", "--thread", "30"]))
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .collect();
+    assert_eq!(d1.len(), expected);
+    let first_turn = d1
+        .iter()
+        .find(|v| v["metadata"]["dia_id"] == "D1:1")
+        .unwrap();
+    let date = raw["session_1_date_time"].as_str().unwrap();
+    let parsed = cairn_harness::import::parse_locomo_date(date).unwrap();
+    assert_eq!(
+        first_turn["created_at"].as_str().unwrap(),
+        parsed.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+    );
+
+    // Export, import into a fresh store, export again: identical.
+    let exported = ok(&cairn(&db, &["export"]));
+    let f = dir.path().join("export.jsonl");
+    std::fs::write(&f, &exported).unwrap();
+    let db2 = dir.path().join("c2.db");
+    ok(&cairn(&db2, &["import", f.to_str().unwrap()]));
+    assert_eq!(
+        ok(&cairn(&db2, &["export"])),
+        exported,
+        "lossless round trip"
+    );
+
+    // Consolidate, tree, expand, context JSON shapes.
+    let report = json(&cairn(&db, &["consolidate", "--older-than", "0", "--json"]));
+    assert!(report["chunks_per_level"]["1"].as_u64().unwrap() > 0);
+    let sid = report["summaries"][0].as_str().unwrap().to_owned();
+    let sources = json(&cairn(&db, &["expand", &sid, "--json"]));
+    assert!(!sources.as_array().unwrap().is_empty());
+    let leaves = json(&cairn(&db, &["expand", &sid, "--leaves", "--json"]));
+    assert!(leaves.as_array().unwrap().len() >= sources.as_array().unwrap().len());
+    let tree = json(&cairn(&db, &["tree", "--thread", "30", "--json"]));
+    assert!(!tree.as_array().unwrap().is_empty());
+    assert!(ok(&cairn(&db, &["tree", &sid])).contains(&sid));
+    let ctx = json(&cairn(
+        &db,
+        &[
+            "context",
+            "--thread",
+            "30",
+            "--query",
+            "When did they adopt?",
+            "--budget",
+            "500",
+            "--json",
+        ],
+    ));
+    assert!(ctx["tokens"].as_u64().unwrap() <= 500);
+    let item = &ctx["items"][0];
+    for k in [
+        "id",
+        "kind",
+        "level",
+        "content",
+        "created_at",
+        "metadata",
+        "source_ids",
+    ] {
+        assert!(!item[k].is_null(), "context item lacks {k}: {item}");
+    }
+    assert!(ctx["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["metadata"]["dia_id"].is_string()));
+    let batch = dir.path().join("batch.jsonl");
+    std::fs::write(&batch, "{\"thread\":\"30\",\"query\":\"adoption\",\"budget\":300}\n{\"thread\":\"30\",\"query\":\"dance\",\"budget\":200}\n").unwrap();
+    let lines: Vec<serde_json::Value> = ok(&cairn(
+        &db,
+        &["context", "--batch", batch.to_str().unwrap()],
+    ))
+    .lines()
+    .map(|l| serde_json::from_str(l).unwrap())
+    .collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines[1]["tokens"].as_u64().unwrap() <= 200);
+}
+
+#[test]
+fn commands_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("e.db");
+    let id = ok(&cairn(
+        &db,
+        &[
+            "add",
+            "Paris is the capital of France",
+            "--kind",
+            "knowledge",
+        ],
+    ))
+    .trim()
+    .to_owned();
+    let got = json(&cairn(&db, &["get", &id, "--json"]));
+    assert_eq!(got["content"], "Paris is the capital of France");
+    assert_eq!(got["kind"], "knowledge");
+    let del = json(&cairn(&db, &["delete", &id, "--json"]));
+    assert_eq!(del["deleted"][0], id.as_str());
+    ok(&cairn(&db, &["reindex"]));
+    // Errors: non-zero exit, a message on stderr, nothing on stdout.
+    for args in [
+        vec!["get", "not-an-id"],
+        vec!["get", "01a227ce-dfe3-728a-a928-cb93de8d7ae9"],
+        vec!["import", "/nonexistent/file.jsonl"],
+        vec!["add", "x", "--kind", "bogus"],
+        vec!["delete", &id, "--policy", "sometimes"],
+        vec!["search", "x", "--mode", "psychic"],
+    ] {
+        let o = cairn(&db, &args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("cairn: error"),
+            "{args:?}"
+        );
+        assert!(o.stdout.is_empty());
+    }
+    // A malformed line is reported with its number, and nothing is imported.
+    let f = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &f,
+        "{\"content\":\"fine\"}\n{\"content\":\"also fine\"}\n{not json}\n",
+    )
+    .unwrap();
+    let before = json(&cairn(&db, &["stats", "--json"]))["store"]["total"].clone();
+    let o = cairn(&db, &["import", f.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("line 3"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        json(&cairn(&db, &["stats", "--json"]))["store"]["total"],
+        before
+    );
+}
+
+/// `eval locomo` on a small fixture made here: two sessions, two questions.
+#[test]
+fn eval_on_a_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let conv = serde_json::json!({
+        "speaker_a": "Ann", "speaker_b": "Bob",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [
+            {"speaker": "Ann", "dia_id": "D1:1", "text": "I adopted a grey cat named Pixel last week."},
+            {"speaker": "Bob", "dia_id": "D1:2", "text": "Congratulations! Cats are great company."},
+            {"speaker": "Ann", "dia_id": "D1:3", "text": "I also started pottery classes on Tuesdays.", "blip_caption": "a photo of a clay bowl"}
+        ],
+        "session_2_date_time": "10:00 am on 20 May, 2023",
+        "session_2": [
+            {"speaker": "Bob", "dia_id": "D2:1", "text": "How is Pixel settling in?"},
+            {"speaker": "Ann", "dia_id": "D2:2", "text": "Pixel sleeps on my keyboard all day."}
+        ],
+        "qa": [
+            {"question": "What is the name of Ann's cat?", "answer": "Pixel", "evidence": ["D1:1"], "category": 4},
+            {"question": "What class did Ann start?", "answer": "pottery", "evidence": ["D:1:3", "D9:9"], "category": 4},
+            {"question": "Unanswerable", "adversarial_answer": "x", "evidence": ["D1:2"], "category": 5}
+        ]
+    });
+    std::fs::write(data.join("fixture.json"), conv.to_string()).unwrap();
+    let r = json(&cairn(
+        &dir.path().join("unused.db"),
+        &[
+            "eval",
+            "locomo",
+            data.to_str().unwrap(),
+            "--budget",
+            "400",
+            "--json",
+        ],
+    ));
+    let cairn_fig = &r["overall"]["cairn_assemble_context"];
+    assert_eq!(cairn_fig["questions"], 2, "category 5 is left out");
+    assert_eq!(cairn_fig["evidence_recall"], 1.0);
+    for s in ["last_n", "flat_vector", "flat_keyword", "flat_hybrid"] {
+        assert!(r["overall"][s]["evidence_recall"].is_number(), "{s}");
+    }
+    let table = ok(&cairn(
+        &dir.path().join("unused.db"),
+        &["eval", "locomo", data.to_str().unwrap(), "--budget", "400"],
+    ));
+    assert!(table.contains("| cairn_assemble_context |"));
+}
