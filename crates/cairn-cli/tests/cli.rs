@@ -1,6 +1,10 @@
 //! The `cairn` binary end to end (real model, temporary stores).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -357,13 +357,18 @@ impl VectorIndex {
     /// SQLite but missing from the graph (to be inserted).
     pub fn adopt_live(&self, live: Vec<(usize, Attr)>) -> Vec<usize> {
         let g = read_lock(&self.graph);
-        let indexed: HashSet<usize> = g.cell.with(|graph| {
-            graph
-                .get_point_indexation()
-                .into_iter()
-                .map(|p| p.get_origin_id())
-                .collect()
-        });
+        // hnsw_rs's point iterator panics on a graph without an entry point.
+        let indexed: HashSet<usize> = if g.points == 0 {
+            HashSet::new()
+        } else {
+            g.cell.with(|graph| {
+                graph
+                    .get_point_indexation()
+                    .into_iter()
+                    .map(|p| p.get_origin_id())
+                    .collect()
+            })
+        };
         drop(g);
         let mut a = write_lock(&self.attrs);
         let mut missing = Vec::new();

@@ -624,6 +624,32 @@ fn delete_policies() {
         .is_empty());
 }
 
+/// Deleting the only memory, reindexing (an empty snapshot) and reopening works, and the
+/// store takes new memories afterwards.
+#[test]
+fn empty_index_snapshots_reopen() {
+    let dir = tmp();
+    let path = dir.path().join("empty.db");
+    let store = open(&path, 4);
+    let a = store
+        .insert(knowledge("only"), vec![1.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    store.delete(a.id, DeletePolicy::Restrict).unwrap();
+    store.reindex().unwrap();
+    store.close().unwrap();
+    let store = open(&path, 4);
+    assert_eq!(store.stats().unwrap().index.points, 0);
+    let b = store
+        .insert(knowledge("next"), vec![0.0, 1.0, 0.0, 0.0])
+        .unwrap();
+    store.close().unwrap();
+    let store = open(&path, 4);
+    let hits = store
+        .search_vector(vec![0.0, 1.0, 0.0, 0.0], 1, &Filter::all(), None)
+        .unwrap();
+    assert_eq!(hits[0].memory.id, b.id);
+}
+
 #[test]
 fn tombstones_trigger_a_rebuild() {
     let dir = tmp();
