@@ -223,11 +223,15 @@ impl Summarizer for ExtractiveSummarizer {
         // A single unit longer than the budget is cut to it.
         if lines.len() == 1 && self.counter.count(&lines[0]) > budget {
             let mut s = lines[0].clone();
-            while self.counter.count(&s) > budget && !s.is_empty() {
+            loop {
                 let keep = s.chars().count() * 9 / 10;
                 s = s.chars().take(keep).collect();
+                let cut = format!("{}…", s.trim_end());
+                if s.is_empty() || self.counter.count(&cut) <= budget {
+                    lines[0] = cut;
+                    break;
+                }
             }
-            lines[0] = format!("{}…", s.trim_end());
         }
         let out = lines.join("\n");
         if out.trim().is_empty() {

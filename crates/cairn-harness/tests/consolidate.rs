@@ -514,3 +514,84 @@ async fn sigkill_mid_pass_then_resume_gives_the_same_tree() {
         );
     }
 }
+
+/// The extractive summarizer keeps to its budget, keeps speakers and dates, is
+/// deterministic, and summarizes summaries too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extractive_summaries_respect_the_budget() {
+    use cairn_core::{SummaryItem, TokenCounter};
+    use cairn_harness::TiktokenCounter;
+    let counter = Arc::new(TiktokenCounter::cl100k().unwrap());
+    let s = ExtractiveSummarizer::new(embedder()).with_token_counter(counter.clone());
+    let items: Vec<SummaryItem> = (0..30)
+        .map(|i| SummaryItem {
+            kind: MemoryKind::Conversational,
+            role: Some(if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            }),
+            speaker: Some(if i % 2 == 0 {
+                "Ann".into()
+            } else {
+                "Bob".into()
+            }),
+            created_at: now() - chrono::Duration::days(3),
+            content: format!(
+                "Sentence {i} mentions topic {}. Another clause about item {i}!",
+                i % 4
+            ),
+        })
+        .collect();
+    let req = SummaryRequest {
+        previous: None,
+        items: items.clone(),
+        max_tokens: 60,
+    };
+    let a = s.summarize(&req).await.unwrap();
+    let b = s.summarize(&req).await.unwrap();
+    assert_eq!(a, b, "deterministic");
+    assert!(counter.count(&a) <= 60, "{} tokens: {a}", counter.count(&a));
+    assert!(
+        a.lines()
+            .all(|l| l.starts_with('[') && (l.contains("] Ann: ") || l.contains("] Bob: "))),
+        "{a}"
+    );
+    // Level 2: summaries as input keep their lines.
+    let upper = SummaryRequest {
+        previous: None,
+        items: vec![SummaryItem {
+            kind: MemoryKind::Summary,
+            role: None,
+            speaker: None,
+            created_at: now(),
+            content: a.clone(),
+        }],
+        max_tokens: 30,
+    };
+    let top = s.summarize(&upper).await.unwrap();
+    assert!(counter.count(&top) <= 30);
+    assert!(
+        a.lines().any(|l| top.lines().any(|t| t == l)),
+        "lines are reused verbatim"
+    );
+    // A single unit longer than the budget is cut to it.
+    let huge = SummaryRequest {
+        previous: None,
+        items: vec![SummaryItem {
+            content: "word ".repeat(500),
+            ..items[0].clone()
+        }],
+        max_tokens: 20,
+    };
+    assert!(counter.count(&s.summarize(&huge).await.unwrap()) <= 20);
+    let empty = SummaryRequest {
+        previous: None,
+        items: vec![],
+        max_tokens: 20,
+    };
+    assert!(matches!(
+        s.summarize(&empty).await,
+        Err(SummarizeError::NoInput)
+    ));
+}

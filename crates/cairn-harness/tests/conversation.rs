@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use cairn_core::{Embedder, MemoryKind, Role, SummarizeError, Summarizer, SummaryRequest};
 use cairn_embed::HashEmbedder;
 use cairn_harness::{
-    AutoContextOptions, AutoContextSummarizer, ContextMessage, MemoryHarness, MemoryValue,
-    RunningSummaryMemory, RunningSummaryOptions, Section, SummarizeOutcome, SummaryBufferMemory,
-    SummaryBufferOptions, ToolCall, SUMMARY_SEPARATOR,
+    AutoContextOptions, AutoContextSummarizer, ContextMessage, ContextOptions, MemoryHarness,
+    MemoryValue, RunningSummaryMemory, RunningSummaryOptions, Section, SummarizeOutcome,
+    SummaryBufferMemory, SummaryBufferOptions, ToolCall, SUMMARY_SEPARATOR,
 };
 
 /// Deterministic: "S<n>[previous] items: first words of each item".
@@ -597,10 +597,19 @@ async fn context_assembly_recalls_old_turns_within_budget() {
     )
     .await
     .unwrap();
+    let opts = ContextOptions {
+        summary_share: 0.2,
+        ..ContextOptions::default()
+    };
     let ctx = mem
+        .assemble_context_with("long", "what is my locker combination?", 300, opts)
+        .await
+        .unwrap();
+    let plain = mem
         .assemble_context("long", "what is my locker combination?", 300)
         .await
         .unwrap();
+    assert!(plain.tokens <= 300 && plain.items.iter().any(|i| i.id == ids[7]));
     assert!(ctx.tokens <= 300, "{}", ctx.tokens);
     assert_eq!(
         ctx.items.last().unwrap().id,
