@@ -1,0 +1,156 @@
+//! The store end to end with given vectors (the model excluded): insert throughput, search
+//! latency with and without a thread filter, expansion, reopen from the snapshot versus a
+//! rebuild from SQLite, peak memory.
+//!
+//! `cargo bench -p cairn-store --bench store_e2e` (sizes: `CAIRN_BENCH_SIZES=10000,100000`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+
+use std::time::Instant;
+
+use cairn_core::{MemoryKind, NewMemory, ThreadId};
+use cairn_store::{snapshot_dir, Filter, NewSummary, Store, StoreOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+const DIM: usize = 384;
+
+fn unit(mut v: Vec<f32>) -> Vec<f32> {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter_mut().for_each(|x| *x /= n);
+    v
+}
+
+fn pct(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM"))
+                .map(str::to_owned)
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::var("CAIRN_BENCH_SIZES")
+        .unwrap_or_else(|_| "10000,100000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    println!("| memories | batched insert (mem/s) | single insert (mem/s) | search p50 / p99 (ms) | thread-filtered p50 / p99 (ms) | expand 20 (ms) | reopen from snapshot (s) | rebuild from SQLite (s) | peak RSS (MiB) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for n in sizes {
+        let mut rng = StdRng::seed_from_u64(n as u64);
+        let centers: Vec<Vec<f32>> = (0..500)
+            .map(|_| {
+                unit(
+                    (0..DIM)
+                        .map(|_| rng.sample::<f32, _>(StandardNormal))
+                        .collect(),
+                )
+            })
+            .collect();
+        let draw = |rng: &mut StdRng| {
+            let c = &centers[rng.random_range(0..centers.len())];
+            unit(
+                c.iter()
+                    .map(|x| x + 0.06 * rng.sample::<f32, _>(StandardNormal))
+                    .collect::<Vec<f32>>(),
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e2e.db");
+        let store = Store::open(&path, StoreOptions::new("bench", DIM)).unwrap();
+        let threads: Vec<ThreadId> = (0..100)
+            .map(|t| ThreadId::new(format!("t{t}")).unwrap())
+            .collect();
+        let t = Instant::now();
+        let mut ids = Vec::with_capacity(n);
+        let mut done = 0;
+        while done < n {
+            let b = 1_000.min(n - done);
+            let items = (0..b)
+                .map(|i| {
+                    let th = threads[(done + i) % threads.len()].clone();
+                    (
+                        NewMemory::new(MemoryKind::Conversational, format!("memory {}", done + i))
+                            .with_thread(th),
+                        draw(&mut rng),
+                    )
+                })
+                .collect();
+            ids.extend(store.insert_batch(items).unwrap().into_iter().map(|m| m.id));
+            done += b;
+        }
+        let batched = n as f64 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for i in 0..500 {
+            store
+                .insert(
+                    NewMemory::new(MemoryKind::Knowledge, format!("single {i}")),
+                    draw(&mut rng),
+                )
+                .unwrap();
+        }
+        let single = 500.0 / t.elapsed().as_secs_f64();
+        let queries: Vec<Vec<f32>> = (0..500).map(|_| draw(&mut rng)).collect();
+        let mut plain = Vec::new();
+        let mut filtered = Vec::new();
+        for (i, q) in queries.iter().enumerate() {
+            let t = Instant::now();
+            store
+                .search_vector(q.clone(), 10, &Filter::all(), None)
+                .unwrap();
+            plain.push(t.elapsed().as_secs_f64() * 1e3);
+            let f = Filter::all().thread(threads[i % threads.len()].clone());
+            let t = Instant::now();
+            store.search_vector(q.clone(), 10, &f, None).unwrap();
+            filtered.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let s = store
+            .add_summary(
+                NewSummary::new("summary", ids[..20].to_vec()),
+                draw(&mut rng),
+            )
+            .unwrap();
+        let mut expand = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            assert_eq!(store.sources(s.id).unwrap().len(), 20);
+            expand.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        store.close().unwrap();
+        let rss = peak_rss_mib();
+        let t = Instant::now();
+        let reopened = Store::open(&path, StoreOptions::new("bench", DIM)).unwrap();
+        let reopen = t.elapsed().as_secs_f64();
+        assert_eq!(reopened.stats().unwrap().rebuilds, 0);
+        drop(reopened);
+        std::fs::remove_dir_all(snapshot_dir(&path)).unwrap();
+        let t = Instant::now();
+        let rebuilt = Store::open(&path, StoreOptions::new("bench", DIM)).unwrap();
+        let rebuild = t.elapsed().as_secs_f64();
+        assert_eq!(rebuilt.stats().unwrap().rebuilds, 1);
+        drop(rebuilt);
+        println!(
+            "| {n} | {batched:.0} | {single:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} | {reopen:.2} | {rebuild:.1} | {rss:.0} |",
+            pct(plain.clone(), 0.5),
+            pct(plain, 0.99),
+            pct(filtered.clone(), 0.5),
+            pct(filtered, 0.99),
+            pct(expand, 0.5),
+        );
+    }
+}
