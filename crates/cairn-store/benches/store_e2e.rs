@@ -4,7 +4,13 @@
 //!
 //! `cargo bench -p cairn-store --bench store_e2e` (sizes: `CAIRN_BENCH_SIZES=10000,100000`).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
+)]
 
 use std::time::Instant;
 
