@@ -296,6 +296,27 @@ impl Summarizer for Flaky {
     }
 }
 
+/// Raises a stop flag on its `after`-th call (and still answers it).
+struct StopAfter {
+    inner: ExtractiveSummarizer,
+    calls: AtomicUsize,
+    after: usize,
+    flag: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl Summarizer for StopAfter {
+    fn name(&self) -> &str {
+        "stop-after"
+    }
+    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) + 1 == self.after {
+            self.flag.store(true, Ordering::SeqCst);
+        }
+        self.inner.summarize(r).await
+    }
+}
+
 /// Sleeps before answering.
 struct Slow(Duration, ExtractiveSummarizer);
 
@@ -384,38 +405,22 @@ async fn stop_flag_then_resume_gives_the_same_tree() {
             .unwrap();
         forest(&mem).await
     };
-    let mem = harness(&dir.path().join("i.db"), None).await;
-    seed(&mem, 107, 0).await;
+    // The summarizer raises the stop flag on its 5th call: deterministic, no timing.
     let stop = Arc::new(AtomicBool::new(false));
+    let stopper = Arc::new(StopAfter {
+        inner: ExtractiveSummarizer::new(embedder()),
+        calls: AtomicUsize::new(0),
+        after: 5,
+        flag: stop.clone(),
+    });
+    let mem = harness(&dir.path().join("i.db"), Some(stopper)).await;
+    seed(&mem, 107, 0).await;
     let policy = ConsolidationPolicy::older_than(Duration::from_secs(3600))
         .fanout(3)
         .stop_flag(stop.clone());
-    let flag = stop.clone();
-    let watcher = {
-        let mem = mem.clone();
-        tokio::spawn(async move {
-            loop {
-                if mem
-                    .stats()
-                    .await
-                    .unwrap()
-                    .store
-                    .by_kind
-                    .get("summary")
-                    .copied()
-                    .unwrap_or(0)
-                    >= 5
-                {
-                    flag.store(true, Ordering::SeqCst);
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-    };
     let r = mem.consolidate(policy.clone()).await.unwrap();
-    watcher.await.unwrap();
     assert!(r.cancelled);
+    assert_eq!(r.chunks(), 5, "stopped after the chunk in progress");
     stop.store(false, Ordering::SeqCst);
     mem.consolidate(policy).await.unwrap();
     assert_eq!(forest(&mem).await, reference);
