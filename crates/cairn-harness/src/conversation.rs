@@ -227,11 +227,108 @@ impl Default for SummaryBufferOptions {
     }
 }
 
-struct BufferState {
-    buffer: VecDeque<(Turn, usize)>,
+/// What both moving-summary memories keep: the turns not yet summarized (with their
+/// token counts and a running total), the moving summary, and the summarizer's record.
+struct MovingState {
+    turns: VecDeque<(Turn, usize)>,
     totals: RunningTotal,
     moving: Option<Moving>,
     last_error: Option<String>,
+    written: u64,
+    failures: u64,
+}
+
+impl MovingState {
+    /// Restores the state of memory `kind` of `thread` from the store.
+    async fn restore(harness: &MemoryHarness, thread: &ThreadId, kind: &str) -> Result<Self> {
+        let (moving, turns) = restore(harness, thread, kind).await?;
+        let mut state = Self {
+            turns: VecDeque::new(),
+            totals: RunningTotal::default(),
+            moving,
+            last_error: None,
+            written: 0,
+            failures: 0,
+        };
+        for t in turns {
+            state.push(t, harness);
+        }
+        Ok(state)
+    }
+
+    fn push(&mut self, turn: Turn, harness: &MemoryHarness) {
+        let n = harness.token_counter().count_message(&turn.content);
+        self.totals.push(n);
+        self.turns.push_back((turn, n));
+    }
+
+    /// Folds the oldest `take` turns into a new moving summary of `max_tokens`. On success the
+    /// turns leave the state; on failure they stay and the failure is recorded. Returns
+    /// whether a summary was written.
+    async fn fold(
+        &mut self,
+        harness: &MemoryHarness,
+        thread: &ThreadId,
+        kind: &str,
+        take: usize,
+        max_tokens: usize,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let turns: Vec<Turn> = self
+            .turns
+            .iter()
+            .take(take)
+            .map(|(t, _)| t.clone())
+            .collect();
+        if turns.is_empty() {
+            return Ok(false);
+        }
+        let request = SummaryRequest {
+            previous: self.moving.as_ref().map(|m| m.text.clone()),
+            items: turns.iter().map(Turn::item).collect(),
+            max_tokens,
+        };
+        match summarize(harness, &request, timeout).await {
+            Ok(text) => {
+                let moving =
+                    write_moving(harness, thread, kind, text, self.moving.as_ref(), &turns).await?;
+                for _ in 0..turns.len() {
+                    self.turns.pop_front();
+                    self.totals.pop_front();
+                }
+                self.moving = Some(moving);
+                self.last_error = None;
+                self.written += 1;
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(memory = kind, error = %e, "summarizer failed; turns kept");
+                self.last_error = Some(e.to_string());
+                self.failures += 1;
+                Ok(false)
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.turns.clear();
+        self.totals.clear();
+        self.moving = None;
+    }
+
+    fn stats(&self, kind: &str, token_limit: usize) -> ConversationStats {
+        ConversationStats {
+            kind: kind.into(),
+            has_summary: self.moving.is_some(),
+            summary_length: self.moving.as_ref().map_or(0, |m| m.text.chars().count()),
+            recent_message_count: self.turns.len(),
+            estimated_tokens: self.totals.total(),
+            token_limit,
+            summaries_written: self.written,
+            summarizer_failures: self.failures,
+            last_error: self.last_error.clone(),
+        }
+    }
 }
 
 /// ConversationSummaryBufferMemory, backed by the store.
@@ -239,9 +336,7 @@ pub struct SummaryBufferMemory {
     harness: MemoryHarness,
     thread: ThreadId,
     options: SummaryBufferOptions,
-    state: Mutex<BufferState>,
-    written: AtomicU64,
-    failures: AtomicU64,
+    state: Mutex<MovingState>,
 }
 
 const BUFFER: &str = "summary_buffer";
@@ -259,26 +354,12 @@ impl SummaryBufferMemory {
             ));
         }
         let thread = ThreadId::new(thread_id)?;
-        let (moving, turns) = restore(&harness, &thread, BUFFER).await?;
-        let counter = harness.token_counter().clone();
-        let mut state = BufferState {
-            buffer: VecDeque::new(),
-            totals: RunningTotal::default(),
-            moving,
-            last_error: None,
-        };
-        for t in turns {
-            let n = counter.count_message(&t.content);
-            state.totals.push(n);
-            state.buffer.push_back((t, n));
-        }
+        let state = MovingState::restore(&harness, &thread, BUFFER).await?;
         Ok(Self {
             harness,
             thread,
             options,
             state: Mutex::new(state),
-            written: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
         })
     }
 
@@ -297,67 +378,33 @@ impl SummaryBufferMemory {
         for id in ids {
             stored.push(self.harness.get(id).await?);
         }
-        let counter = self.harness.token_counter().clone();
         let mut st = self.state.lock().await;
         for m in &stored {
-            let t = Turn::from_unit(m);
-            let n = counter.count_message(&t.content);
-            st.totals.push(n);
-            st.buffer.push_back((t, n));
+            st.push(Turn::from_unit(m), &self.harness);
         }
-        self.prune(&mut st).await
-    }
-
-    async fn prune(&self, st: &mut BufferState) -> Result<()> {
-        if st.totals.total() <= self.options.max_token_limit {
+        let limit = self.options.max_token_limit;
+        if st.totals.total() <= limit {
             return Ok(());
         }
         // The oldest turns whose removal brings the buffer under the limit.
         let mut take = 0;
         let mut remaining = st.totals.total();
-        for (_, n) in &st.buffer {
-            if remaining <= self.options.max_token_limit {
+        for (_, n) in &st.turns {
+            if remaining <= limit {
                 break;
             }
             remaining -= n;
             take += 1;
         }
-        let pruned: Vec<Turn> = st
-            .buffer
-            .iter()
-            .take(take)
-            .map(|(t, _)| t.clone())
-            .collect();
-        let request = SummaryRequest {
-            previous: st.moving.as_ref().map(|m| m.text.clone()),
-            items: pruned.iter().map(Turn::item).collect(),
-            max_tokens: (self.options.max_token_limit / 2).max(64),
-        };
-        match summarize(&self.harness, &request, self.options.timeout).await {
-            Ok(text) => {
-                let moving = write_moving(
-                    &self.harness,
-                    &self.thread,
-                    BUFFER,
-                    text,
-                    st.moving.as_ref(),
-                    &pruned,
-                )
-                .await?;
-                for _ in 0..take {
-                    st.buffer.pop_front();
-                    st.totals.pop_front();
-                }
-                st.moving = Some(moving);
-                st.last_error = None;
-                self.written.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "summary buffer: summarizer failed; turns kept");
-                st.last_error = Some(e.to_string());
-                self.failures.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        st.fold(
+            &self.harness,
+            &self.thread,
+            BUFFER,
+            take,
+            (limit / 2).max(64),
+            self.options.timeout,
+        )
+        .await?;
         Ok(())
     }
 
@@ -372,7 +419,7 @@ impl SummaryBufferMemory {
                     content: m.text.clone(),
                 });
             }
-            for (t, _) in &st.buffer {
+            for (t, _) in &st.turns {
                 msgs.push(crate::ChatMessage {
                     role: t.role.as_str().into(),
                     content: t.content.clone(),
@@ -384,7 +431,7 @@ impl SummaryBufferMemory {
             if let Some(m) = &st.moving {
                 lines.push(format!("System: {}", m.text));
             }
-            for (t, _) in &st.buffer {
+            for (t, _) in &st.turns {
                 let p = match t.role {
                     Role::User => &self.options.human_prefix,
                     Role::Assistant => &self.options.ai_prefix,
@@ -411,27 +458,16 @@ impl SummaryBufferMemory {
     /// the store (nothing is deleted); a marker makes a restart start empty too.
     pub async fn clear(&self) -> Result<()> {
         write_marker(&self.harness, &self.thread, BUFFER).await?;
-        let mut st = self.state.lock().await;
-        st.buffer.clear();
-        st.totals.clear();
-        st.moving = None;
+        self.state.lock().await.clear();
         Ok(())
     }
 
     /// Counters.
     pub async fn stats(&self) -> ConversationStats {
-        let st = self.state.lock().await;
-        ConversationStats {
-            kind: "summary_buffer".into(),
-            has_summary: st.moving.is_some(),
-            summary_length: st.moving.as_ref().map_or(0, |m| m.text.chars().count()),
-            recent_message_count: st.buffer.len(),
-            estimated_tokens: st.totals.total(),
-            token_limit: self.options.max_token_limit,
-            summaries_written: self.written.load(Ordering::Relaxed),
-            summarizer_failures: self.failures.load(Ordering::Relaxed),
-            last_error: st.last_error.clone(),
-        }
+        self.state
+            .lock()
+            .await
+            .stats(BUFFER, self.options.max_token_limit)
     }
 }
 
@@ -474,13 +510,6 @@ impl Default for RunningSummaryOptions {
 /// The separator between the summary and the recent messages.
 pub const SUMMARY_SEPARATOR: &str = "\n\n--- recent messages ---\n";
 
-struct RunningState {
-    recent: Vec<(Turn, usize)>,
-    totals: RunningTotal,
-    moving: Option<Moving>,
-    last_error: Option<String>,
-}
-
 /// ConversationSummaryMemory's shape: once the estimated tokens pass the limit, every
 /// unsummarized message is folded into the running summary. On failure every message is
 /// kept (the original keeps only the last five).
@@ -488,9 +517,7 @@ pub struct RunningSummaryMemory {
     harness: MemoryHarness,
     thread: ThreadId,
     options: RunningSummaryOptions,
-    state: Mutex<RunningState>,
-    written: AtomicU64,
-    failures: AtomicU64,
+    state: Mutex<MovingState>,
 }
 
 const RUNNING: &str = "running_summary";
@@ -503,49 +530,19 @@ impl RunningSummaryMemory {
         thread_id: &str,
         options: RunningSummaryOptions,
     ) -> Result<Self> {
-        if !options.template.contains("{summary}") {
-            return Err(HarnessError::Config(
-                "the template lacks the placeholder {summary}".into(),
-            ));
-        }
-        let stripped = options.template.replace("{summary}", "");
-        if let Some(p) = stripped.find('{') {
-            let rest = &stripped[p..];
-            if let Some(end) = rest.find('}') {
-                let name = &rest[1..end];
-                if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                    return Err(HarnessError::Config(format!(
-                        "unknown placeholder {{{name}}} in the template"
-                    )));
-                }
-            }
-        }
+        crate::openai::check_placeholders(&options.template, &["{summary}"])?;
         if options.token_limit == 0 {
             return Err(HarnessError::Config(
                 "token_limit must be at least 1".into(),
             ));
         }
         let thread = ThreadId::new(thread_id)?;
-        let (moving, turns) = restore(&harness, &thread, RUNNING).await?;
-        let counter = harness.token_counter().clone();
-        let mut state = RunningState {
-            recent: Vec::new(),
-            totals: RunningTotal::default(),
-            moving,
-            last_error: None,
-        };
-        for t in turns {
-            let n = counter.count_message(&t.content);
-            state.totals.push(n);
-            state.recent.push((t, n));
-        }
+        let state = MovingState::restore(&harness, &thread, RUNNING).await?;
         Ok(Self {
             harness,
             thread,
             options,
             state: Mutex::new(state),
-            written: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
         })
     }
 
@@ -560,12 +557,10 @@ impl RunningSummaryMemory {
             ))
             .await?;
         let m = self.harness.get(id).await?;
-        let n = self.harness.token_counter().count_message(&m.content);
         let mut st = self.state.lock().await;
-        st.totals.push(n);
-        st.recent.push((Turn::from_unit(&m), n));
+        st.push(Turn::from_unit(&m), &self.harness);
         if st.totals.total() > self.options.token_limit {
-            self.fold(&mut st).await?;
+            self.fold_all(&mut st).await?;
         }
         Ok(id)
     }
@@ -573,44 +568,20 @@ impl RunningSummaryMemory {
     /// Summarizes every unsummarized message now. Returns whether a summary was written.
     pub async fn force_summarize(&self) -> Result<bool> {
         let mut st = self.state.lock().await;
-        self.fold(&mut st).await
+        self.fold_all(&mut st).await
     }
 
-    async fn fold(&self, st: &mut RunningState) -> Result<bool> {
-        if st.recent.is_empty() {
-            return Ok(false);
-        }
-        let turns: Vec<Turn> = st.recent.iter().map(|(t, _)| t.clone()).collect();
-        let request = SummaryRequest {
-            previous: st.moving.as_ref().map(|m| m.text.clone()),
-            items: turns.iter().map(Turn::item).collect(),
-            max_tokens: (self.options.token_limit / 2).max(64),
-        };
-        match summarize(&self.harness, &request, self.options.timeout).await {
-            Ok(text) => {
-                st.moving = Some(
-                    write_moving(
-                        &self.harness,
-                        &self.thread,
-                        RUNNING,
-                        text,
-                        st.moving.as_ref(),
-                        &turns,
-                    )
-                    .await?,
-                );
-                st.recent.clear();
-                st.totals.clear();
-                st.last_error = None;
-                self.written.fetch_add(1, Ordering::Relaxed);
-                Ok(true)
-            }
-            Err(e) => {
-                st.last_error = Some(e.to_string());
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                Ok(false)
-            }
-        }
+    async fn fold_all(&self, st: &mut MovingState) -> Result<bool> {
+        let all = st.turns.len();
+        st.fold(
+            &self.harness,
+            &self.thread,
+            RUNNING,
+            all,
+            (self.options.token_limit / 2).max(64),
+            self.options.timeout,
+        )
+        .await
     }
 
     /// The running summary text, if any.
@@ -628,7 +599,7 @@ impl RunningSummaryMemory {
     pub async fn load_memory_variables(&self) -> HashMap<String, String> {
         let st = self.state.lock().await;
         let recent: Vec<String> = st
-            .recent
+            .turns
             .iter()
             .map(|(t, _)| format!("{}: {}", t.role.as_str(), t.content))
             .collect();
@@ -645,27 +616,16 @@ impl RunningSummaryMemory {
 
     /// Counters.
     pub async fn get_memory_stats(&self) -> ConversationStats {
-        let st = self.state.lock().await;
-        ConversationStats {
-            kind: "running_summary".into(),
-            has_summary: st.moving.is_some(),
-            summary_length: st.moving.as_ref().map_or(0, |m| m.text.chars().count()),
-            recent_message_count: st.recent.len(),
-            estimated_tokens: st.totals.total(),
-            token_limit: self.options.token_limit,
-            summaries_written: self.written.load(Ordering::Relaxed),
-            summarizer_failures: self.failures.load(Ordering::Relaxed),
-            last_error: st.last_error.clone(),
-        }
+        self.state
+            .lock()
+            .await
+            .stats(RUNNING, self.options.token_limit)
     }
 
     /// Empties the memory (the store keeps everything; a marker makes a restart start empty).
     pub async fn clear(&self) -> Result<()> {
         write_marker(&self.harness, &self.thread, RUNNING).await?;
-        let mut st = self.state.lock().await;
-        st.recent.clear();
-        st.totals.clear();
-        st.moving = None;
+        self.state.lock().await.clear();
         Ok(())
     }
 }

@@ -17,6 +17,35 @@ pub const NEW_LINES: &str = "{new_lines}";
 /// LangChain's progressive-summary prompt, with named placeholders.
 pub const DEFAULT_TEMPLATE: &str = "Progressively summarize the lines of conversation provided, adding onto the previous summary and returning a new summary. Keep names, dates and decisions.\n\nCurrent summary:\n{previous_summary}\n\nNew lines of conversation:\n{new_lines}\n\nNew summary:";
 
+/// Checks that every placeholder of `known` (written `{name}`) appears in `template` and no
+/// other `{identifier}` does; other braces (JSON, say) are left alone.
+pub(crate) fn check_placeholders(template: &str, known: &[&str]) -> Result<()> {
+    for p in known {
+        if !template.contains(p) {
+            return Err(HarnessError::Config(format!(
+                "the template lacks the placeholder {p}"
+            )));
+        }
+    }
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open..];
+        let Some(close) = after.find('}') else { break };
+        let name = &after[..=close];
+        let is_ident = name[1..name.len() - 1]
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if is_ident && name.len() > 2 && !known.contains(&name) {
+            return Err(HarnessError::Config(format!(
+                "unknown placeholder {name} in the template (known: {})",
+                known.join(", ")
+            )));
+        }
+        rest = &after[close + 1..];
+    }
+    Ok(())
+}
+
 /// A prompt template with `{previous_summary}` and `{new_lines}`, checked when built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PromptTemplate(String);
@@ -25,28 +54,7 @@ impl PromptTemplate {
     /// Checks that both placeholders appear and no other `{name}` does.
     pub fn new(template: impl Into<String>) -> Result<Self> {
         let t = template.into();
-        for p in [PREVIOUS, NEW_LINES] {
-            if !t.contains(p) {
-                return Err(HarnessError::Config(format!(
-                    "the prompt template lacks the placeholder {p}"
-                )));
-            }
-        }
-        let mut rest = t.as_str();
-        while let Some(open) = rest.find('{') {
-            let after = &rest[open..];
-            let Some(close) = after.find('}') else { break };
-            let name = &after[..=close];
-            let is_ident = name[1..name.len() - 1]
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if is_ident && name.len() > 2 && name != PREVIOUS && name != NEW_LINES {
-                return Err(HarnessError::Config(format!(
-                    "unknown placeholder {name} in the prompt template (known: {PREVIOUS}, {NEW_LINES})"
-                )));
-            }
-            rest = &after[close + 1..];
-        }
+        check_placeholders(&t, &[PREVIOUS, NEW_LINES])?;
         Ok(Self(t))
     }
 
