@@ -7,41 +7,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
+mod common;
+
 use std::time::Instant;
 
 use cairn_core::{MemoryKind, NewMemory, ThreadId};
 use cairn_store::{Filter, Store, StoreOptions};
+use common::{Clusters, DIM};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use rand_distr::StandardNormal;
-
-const DIM: usize = 384;
-
-fn unit(mut v: Vec<f32>) -> Vec<f32> {
-    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    v.iter_mut().for_each(|x| *x /= n);
-    v
-}
+use rand::SeedableRng;
 
 fn main() {
     let mut rng = StdRng::seed_from_u64(42);
-    let centers: Vec<Vec<f32>> = (0..200)
-        .map(|_| {
-            unit(
-                (0..DIM)
-                    .map(|_| rng.sample::<f32, _>(StandardNormal))
-                    .collect(),
-            )
-        })
-        .collect();
-    let draw = |rng: &mut StdRng| {
-        let c = &centers[rng.random_range(0..centers.len())];
-        unit(
-            c.iter()
-                .map(|x| x + 0.08 * rng.sample::<f32, _>(StandardNormal))
-                .collect::<Vec<f32>>(),
-        )
-    };
+    let clusters = Clusters::new(&mut rng, 200, 0.08);
+    let draw = |rng: &mut StdRng| clusters.draw(rng);
     let sizes = [100usize, 300, 1_000, 2_000, 5_000, 10_000, 31_600];
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("switch.db");

@@ -12,21 +12,15 @@
     clippy::cast_sign_loss
 )]
 
+mod common;
+
 use std::time::Instant;
 
 use cairn_core::{MemoryKind, NewMemory, ThreadId};
 use cairn_store::{snapshot_dir, Filter, NewSummary, Store, StoreOptions};
+use common::{Clusters, DIM};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use rand_distr::StandardNormal;
-
-const DIM: usize = 384;
-
-fn unit(mut v: Vec<f32>) -> Vec<f32> {
-    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-    v.iter_mut().for_each(|x| *x /= n);
-    v
-}
+use rand::SeedableRng;
 
 fn pct(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -59,23 +53,8 @@ fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let mut rng = StdRng::seed_from_u64(n as u64);
-        let centers: Vec<Vec<f32>> = (0..500)
-            .map(|_| {
-                unit(
-                    (0..DIM)
-                        .map(|_| rng.sample::<f32, _>(StandardNormal))
-                        .collect(),
-                )
-            })
-            .collect();
-        let draw = |rng: &mut StdRng| {
-            let c = &centers[rng.random_range(0..centers.len())];
-            unit(
-                c.iter()
-                    .map(|x| x + 0.06 * rng.sample::<f32, _>(StandardNormal))
-                    .collect::<Vec<f32>>(),
-            )
-        };
+        let clusters = Clusters::new(&mut rng, 500, 0.06);
+        let draw = |rng: &mut StdRng| clusters.draw(rng);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("e2e.db");
         let store = Store::open(&path, StoreOptions::new("bench", DIM)).unwrap();
