@@ -180,15 +180,9 @@ impl OpenAiBuilder {
             .into();
         Ok(OpenAiSummarizer {
             url,
-            model: self.model,
             api_key,
-            template: self.template,
-            max_tokens: self.max_tokens,
-            timeout: self.timeout,
-            retries: self.retries,
-            backoff: self.backoff,
-            temperature: self.temperature,
             agent,
+            settings: self,
         })
     }
 }
@@ -196,15 +190,10 @@ impl OpenAiBuilder {
 /// Summaries from an OpenAI-compatible chat-completions server.
 #[derive(Clone)]
 pub struct OpenAiSummarizer {
+    /// The configuration it was built from.
+    settings: OpenAiBuilder,
     url: String,
-    model: String,
     api_key: Option<String>,
-    template: PromptTemplate,
-    max_tokens: u32,
-    timeout: Duration,
-    retries: u32,
-    backoff: Duration,
-    temperature: f32,
     agent: ureq::Agent,
 }
 
@@ -212,10 +201,10 @@ impl std::fmt::Debug for OpenAiSummarizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OpenAiSummarizer")
             .field("url", &self.url)
-            .field("model", &self.model)
+            .field("model", &self.settings.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("timeout", &self.timeout)
-            .field("retries", &self.retries)
+            .field("timeout", &self.settings.timeout)
+            .field("retries", &self.settings.retries)
             .finish_non_exhaustive()
     }
 }
@@ -256,7 +245,7 @@ impl OpenAiSummarizer {
             Ok(r) => r,
             Err(ureq::Error::Timeout(_)) => {
                 return Attempt::Fail(SummarizeError::Timeout {
-                    seconds: self.timeout.as_secs_f64(),
+                    seconds: self.settings.timeout.as_secs_f64(),
                 })
             }
             Err(e) => {
@@ -290,7 +279,7 @@ impl OpenAiSummarizer {
             Ok(j) => j,
             Err(ureq::Error::Timeout(_)) => {
                 return Attempt::Fail(SummarizeError::Timeout {
-                    seconds: self.timeout.as_secs_f64(),
+                    seconds: self.settings.timeout.as_secs_f64(),
                 })
             }
             Err(e) => return Attempt::Fail(SummarizeError::Other(format!("bad response: {e}"))),
@@ -309,32 +298,32 @@ impl OpenAiSummarizer {
         if request.items.is_empty() {
             return Err(SummarizeError::NoInput);
         }
-        let prompt = self.template.render(
+        let prompt = self.settings.template.render(
             request.previous.as_deref().unwrap_or(""),
             &render_transcript(&request.items),
         );
         let max_tokens = u32::try_from(request.max_tokens)
             .unwrap_or(u32::MAX)
-            .min(self.max_tokens)
+            .min(self.settings.max_tokens)
             .max(1);
         let body = serde_json::json!({
-            "model": self.model,
+            "model": self.settings.model,
             "messages": [
                 {"role": "system", "content": "You write concise, factual summaries of conversations."},
                 {"role": "user", "content": prompt},
             ],
             "max_tokens": max_tokens,
-            "temperature": self.temperature,
+            "temperature": self.settings.temperature,
             "stream": false,
         });
-        let mut wait = self.backoff;
+        let mut wait = self.settings.backoff;
         let mut attempts = 0;
         loop {
             attempts += 1;
             match self.attempt(&body) {
                 Attempt::Done(s) => return Ok(s),
                 Attempt::Fail(e) => return Err(e),
-                Attempt::Retry(e) if attempts > self.retries => {
+                Attempt::Retry(e) if attempts > self.settings.retries => {
                     return Err(match e {
                         SummarizeError::Connection { url, message, .. } => {
                             SummarizeError::Connection {
