@@ -273,25 +273,22 @@ pub(crate) fn assemble_blocking(
                 ordered.insert((at + j).min(ordered.len()), l.clone());
             }
         }
+        // The `neighbors` turns on each side of `m` within 12 hours, nearest first: two
+        // small look-ups on the (thread, time) index.
         let neighbours_of = |m: &MemoryUnit| -> Result<Vec<MemoryUnit>> {
             let window = chrono::Duration::hours(12);
-            let mut f = turns_filter.clone();
-            f.after = Some(m.created_at - window);
-            f.before = Some(m.created_at + window);
-            let around = inner.store.scan(&f, 0, 400)?;
-            let Some(pos) = around.iter().position(|x| x.id == m.id) else {
-                return Ok(Vec::new());
-            };
+            let mut before = turns_filter.clone();
+            before.after = Some(m.created_at - window);
+            before.before = Some(m.created_at);
+            let mut earlier = inner.store.recent(&before, options.neighbors)?;
+            let mut after = turns_filter.clone();
+            after.after = Some(m.created_at + chrono::Duration::microseconds(1));
+            after.before = Some(m.created_at + window);
+            let mut later = inner.store.scan(&after, 0, options.neighbors)?.into_iter();
             let mut out = Vec::new();
-            for d in 1..=options.neighbors {
-                for n in [pos.checked_sub(d), pos.checked_add(d)]
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(nb) = around.get(n) {
-                        out.push(nb.clone());
-                    }
-                }
+            for _ in 0..options.neighbors {
+                out.extend(earlier.pop());
+                out.extend(later.next());
             }
             Ok(out)
         };
