@@ -110,11 +110,43 @@ fn fill(
     (ids, used)
 }
 
-const STRATEGIES: [&str; 5] = [
+/// Fills the budget with turns in the given order, rendered the way `assemble_context`
+/// renders recalled turns: one message, a header line per day, one line per turn.
+fn fill_grouped(
+    mem: &MemoryHarness,
+    turns: impl IntoIterator<Item = MemoryUnit>,
+    budget: usize,
+) -> (HashSet<String>, usize) {
+    let c = mem.token_counter();
+    let mut used = c.count_message("Recalled from earlier in this conversation:\n");
+    let mut days = HashSet::new();
+    let mut ids = HashSet::new();
+    for m in turns {
+        let day = m.created_at.date_naive();
+        let cost = c.count(&format!("{}\n", m.content.replace('\n', " ")))
+            + if days.contains(&day) {
+                0
+            } else {
+                c.count(&format!("[{}]\n", day.format("%Y-%m-%d")))
+            };
+        if used + cost > budget {
+            continue;
+        }
+        used += cost;
+        days.insert(day);
+        if let Some(d) = dia(&m) {
+            ids.insert(d);
+        }
+    }
+    (ids, used)
+}
+
+const STRATEGIES: [&str; 6] = [
     "last_n",
     "flat_vector",
     "flat_keyword",
     "flat_hybrid",
+    "flat_hybrid_grouped",
     "cairn_assemble_context",
 ];
 
@@ -189,13 +221,19 @@ pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<R
                         "flat_keyword" => SearchMode::Keyword,
                         _ => SearchMode::Hybrid,
                     };
+                    let grouped = flat == "flat_hybrid_grouped";
                     let opts = SearchOptions::all()
                         .thread(thread.clone())
                         .kinds([MemoryKind::Conversational])
                         .k(150)
                         .mode(mode);
                     let hits = mem.search(&q.question, opts).await?;
-                    fill(&mem, hits.into_iter().map(|h| h.memory), budget)
+                    let turns = hits.into_iter().map(|h| h.memory);
+                    if grouped {
+                        fill_grouped(&mem, turns, budget)
+                    } else {
+                        fill(&mem, turns, budget)
+                    }
                 }
             };
             let took = t.elapsed();

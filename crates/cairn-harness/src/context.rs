@@ -44,7 +44,9 @@ pub struct ContextItem {
     pub source_ids: Vec<MemoryId>,
     /// Why it is here.
     pub section: Section,
-    /// Tokens it costs as a message.
+    /// Tokens it costs: a summary or recent turn, as its own message; a recalled turn, its
+    /// line in the recalled block (plus its day's header line when it is the day's first
+    /// recalled turn, plus the block's header and message overhead when it is the first).
     pub tokens: usize,
 }
 
@@ -62,11 +64,15 @@ pub struct ChatMessage {
 pub struct AssembledContext {
     /// Summaries (oldest first), then recalled turns (in time order), then recent turns.
     pub items: Vec<ContextItem>,
-    /// Tokens used, by the harness's counter (per-message overhead included).
+    /// Tokens of [`Self::to_messages`], by the harness's counter (per-message overhead
+    /// included); never over the budget unless the newest turn alone is.
     pub tokens: usize,
     /// The budget.
     pub budget: usize,
 }
+
+/// The first line of the message that holds the recalled turns.
+const RECALLED_HEADER: &str = "Recalled from earlier in this conversation:\n";
 
 fn render_item(i: &ContextItem) -> String {
     let date = i.created_at.format("%Y-%m-%d %H:%M");
@@ -79,27 +85,73 @@ fn render_item(i: &ContextItem) -> String {
     }
 }
 
+/// A recalled turn as one line of the recalled block (its day is a header line above).
+fn recalled_line(i: &ContextItem) -> String {
+    format!("{}\n", i.content.replace('\n', " "))
+}
+
+fn day_header(day: chrono::NaiveDate) -> String {
+    format!("[{}]\n", day.format("%Y-%m-%d"))
+}
+
+/// The recalled turns (in time order) as one block: a header, then the turns grouped
+/// under a line per day. Every line ends in a newline, so the block's token count is the
+/// sum of its lines' counts.
+fn recalled_block<'a>(items: impl IntoIterator<Item = &'a ContextItem>) -> Option<String> {
+    let mut out = String::new();
+    let mut day = None;
+    for i in items {
+        if out.is_empty() {
+            out.push_str(RECALLED_HEADER);
+        }
+        let d = i.created_at.date_naive();
+        if day != Some(d) {
+            out.push_str(&day_header(d));
+            day = Some(d);
+        }
+        out.push_str(&recalled_line(i));
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 impl AssembledContext {
-    /// As chat messages: summaries and recalled turns as system messages, recent turns with
-    /// their roles.
+    /// As chat messages: each summary as a system message, the recalled turns together as
+    /// one system message (grouped by day), and the recent turns with their roles.
     pub fn to_messages(&self) -> Vec<ChatMessage> {
-        self.items
-            .iter()
-            .map(|i| ChatMessage {
-                role: match (i.section, i.role) {
-                    (Section::Recent, Some(r)) => r.as_str().to_owned(),
-                    _ => "system".to_owned(),
-                },
-                content: render_item(i),
-            })
-            .collect()
+        let mut out = Vec::new();
+        let mut recalled_done = false;
+        for i in &self.items {
+            match (i.section, i.role) {
+                (Section::Recalled, _) => {
+                    if !recalled_done {
+                        recalled_done = true;
+                        let block = recalled_block(
+                            self.items.iter().filter(|i| i.section == Section::Recalled),
+                        );
+                        out.extend(block.map(|content| ChatMessage {
+                            role: "system".to_owned(),
+                            content,
+                        }));
+                    }
+                }
+                (Section::Recent, Some(r)) => out.push(ChatMessage {
+                    role: r.as_str().to_owned(),
+                    content: render_item(i),
+                }),
+                _ => out.push(ChatMessage {
+                    role: "system".to_owned(),
+                    content: render_item(i),
+                }),
+            }
+        }
+        out
     }
 
-    /// As one string, one piece per paragraph.
+    /// As one string, one message per paragraph.
     pub fn render(&self) -> String {
-        self.items
-            .iter()
-            .map(render_item)
+        self.to_messages()
+            .into_iter()
+            .map(|m| m.content)
             .collect::<Vec<_>>()
             .join("\n\n")
     }
@@ -292,16 +344,32 @@ pub(crate) fn assemble_blocking(
             }
             Ok(out)
         };
+        // Recalled turns share one message: its header and each day's header line are
+        // paid by the first turn that needs them.
+        let mut days: HashSet<chrono::NaiveDate> = HashSet::new();
         let mut take =
             |m: &MemoryUnit, used: &mut usize, recalled: &mut Vec<ContextItem>| -> bool {
                 if taken.contains(&m.id) || oldest_recent.is_some_and(|t| m.created_at >= t) {
                     return false;
                 }
-                let it = item(m, Section::Recalled, counter);
+                let mut it = item(m, Section::Recalled, counter);
+                let day = m.created_at.date_naive();
+                it.tokens = counter.count(&recalled_line(&it))
+                    + if days.contains(&day) {
+                        0
+                    } else {
+                        counter.count(&day_header(day))
+                    }
+                    + if recalled.is_empty() {
+                        counter.count_message(RECALLED_HEADER)
+                    } else {
+                        0
+                    };
                 if *used + it.tokens > budget {
                     return false;
                 }
                 *used += it.tokens;
+                days.insert(day);
                 taken.insert(it.id);
                 recalled.push(it);
                 true
@@ -329,15 +397,61 @@ pub(crate) fn assemble_blocking(
         recalled.sort_by_key(|i| i.created_at);
     }
 
+    // The block's count is the sum of its lines' for tokenizers that split at newlines
+    // (cl100k, o200k); for any other, drop the last recalled turns until the exact count of
+    // the rendered messages fits.
+    let n_summaries = summaries.len();
     let mut items = summaries;
     items.extend(recalled);
     items.extend(recent);
-    let tokens = items.iter().map(|i| i.tokens).sum();
-    Ok(AssembledContext {
+    let mut ctx = AssembledContext {
         items,
-        tokens,
+        tokens: 0,
         budget,
-    })
+    };
+    loop {
+        ctx.tokens = ctx
+            .to_messages()
+            .iter()
+            .map(|m| counter.count_message(&m.content))
+            .sum();
+        if ctx.tokens <= budget {
+            break;
+        }
+        let Some(pos) = ctx
+            .items
+            .iter()
+            .rposition(|i| i.section == Section::Recalled)
+        else {
+            break;
+        };
+        ctx.items.remove(pos);
+    }
+    attribute_recalled_tokens(&mut ctx.items[n_summaries..], counter);
+    Ok(ctx)
+}
+
+/// Gives each recalled item (in time order) its share of the block's tokens: its line, its
+/// day's header when it is the day's first, the block's header on the first.
+fn attribute_recalled_tokens(items: &mut [ContextItem], counter: &dyn TokenCounter) {
+    let mut day = None;
+    let mut first = true;
+    for i in items.iter_mut().filter(|i| i.section == Section::Recalled) {
+        let d = i.created_at.date_naive();
+        i.tokens = counter.count(&recalled_line(i))
+            + if day == Some(d) {
+                0
+            } else {
+                counter.count(&day_header(d))
+            }
+            + if first {
+                counter.count_message(RECALLED_HEADER)
+            } else {
+                0
+            };
+        day = Some(d);
+        first = false;
+    }
 }
 
 impl MemoryHarness {

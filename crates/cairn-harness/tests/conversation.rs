@@ -628,7 +628,19 @@ async fn context_assembly_recalls_old_turns_within_budget() {
         .iter()
         .any(|i| i.section == Section::Summary && i.kind == MemoryKind::Summary));
     let msgs = ctx.to_messages();
-    assert_eq!(msgs.len(), ctx.items.len());
+    let recalled = ctx
+        .items
+        .iter()
+        .filter(|i| i.section == Section::Recalled)
+        .count();
+    assert_eq!(
+        msgs.len(),
+        ctx.items.len() - recalled + 1,
+        "one recalled block"
+    );
+    assert!(msgs.iter().any(|m| m.role == "system"
+        && m.content.starts_with("Recalled from earlier")
+        && m.content.contains("My locker combination is 4812")));
     assert_eq!(msgs.last().unwrap().role, "user");
     let ids_seen: HashSet<_> = ctx.items.iter().map(|i| i.id).collect();
     assert_eq!(ids_seen.len(), ctx.items.len(), "no duplicates");
@@ -686,6 +698,13 @@ fn context_never_exceeds_budget_and_has_newest_turn() {
                     prop_assert_eq!(ctx.items.last().map(|i| i.id), Some(ids[n - 1]));
                     let sum: usize = ctx.items.iter().map(|i| i.tokens).sum();
                     prop_assert_eq!(sum, ctx.tokens);
+                    let counter = mem.token_counter();
+                    let exact: usize = ctx
+                        .to_messages()
+                        .iter()
+                        .map(|m| counter.count_message(&m.content))
+                        .sum();
+                    prop_assert_eq!(exact, ctx.tokens);
                     Ok(())
                 })
             },
