@@ -106,6 +106,15 @@ pub enum SummarizeError {
     /// The summarizer answered with nothing usable.
     #[error("summarizer returned an empty summary")]
     EmptyOutput,
+    /// The summary came back far longer than asked (more than twice `budget` tokens): it
+    /// would not compress anything, so it is not stored.
+    #[error("summarizer returned {tokens} tokens, more than twice the budget of {budget}")]
+    OverBudget {
+        /// Tokens in the returned text.
+        tokens: usize,
+        /// The budget the request gave.
+        budget: usize,
+    },
     /// The service could not be reached (after retries).
     #[error("cannot reach the summarizer at {url} after {attempts} attempt(s): {message}")]
     Connection {

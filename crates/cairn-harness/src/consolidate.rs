@@ -413,30 +413,21 @@ impl MemoryHarness {
             reason,
         };
         let t = Instant::now();
-        let outcome =
-            tokio::time::timeout(policy.timeout, self.inner.summarizer.summarize(&request)).await;
+        let outcome = checked_summary(
+            self.inner.summarizer.as_ref(),
+            &request,
+            policy.timeout,
+            self.inner.token_counter.as_ref(),
+        )
+        .await;
         report.summarizer_time += t.elapsed();
         let text = match outcome {
-            Err(_) => {
-                let e = SummarizeError::Timeout {
-                    seconds: policy.timeout.as_secs_f64(),
-                };
+            Ok(text) => text,
+            Err(e) => {
                 tracing::warn!(level, error = %e, "chunk left for the next pass");
                 report.failures.push(fail(e.to_string()));
                 return Ok(());
             }
-            Ok(Err(e)) => {
-                tracing::warn!(level, error = %e, "chunk left for the next pass");
-                report.failures.push(fail(e.to_string()));
-                return Ok(());
-            }
-            Ok(Ok(text)) if text.trim().is_empty() => {
-                report
-                    .failures
-                    .push(fail(SummarizeError::EmptyOutput.to_string()));
-                return Ok(());
-            }
-            Ok(Ok(text)) => text,
         };
         let mut metadata = cairn_core::Metadata::new();
         metadata.insert(
@@ -473,4 +464,33 @@ impl MemoryHarness {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Runs a summarizer with a timeout and checks what it returns: an empty text or one of more
+/// than twice the request's token budget is an error (nothing is stored for it).
+pub(crate) async fn checked_summary(
+    summarizer: &dyn cairn_core::Summarizer,
+    request: &SummaryRequest,
+    timeout: Duration,
+    counter: &dyn cairn_core::TokenCounter,
+) -> std::result::Result<String, SummarizeError> {
+    let text = match tokio::time::timeout(timeout, summarizer.summarize(request)).await {
+        Err(_) => {
+            return Err(SummarizeError::Timeout {
+                seconds: timeout.as_secs_f64(),
+            })
+        }
+        Ok(r) => r?,
+    };
+    if text.trim().is_empty() {
+        return Err(SummarizeError::EmptyOutput);
+    }
+    let tokens = counter.count(&text);
+    if tokens > request.max_tokens.saturating_mul(2) {
+        return Err(SummarizeError::OverBudget {
+            tokens,
+            budget: request.max_tokens,
+        });
+    }
+    Ok(text)
 }

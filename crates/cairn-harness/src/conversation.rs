@@ -476,13 +476,13 @@ async fn summarize(
     request: &SummaryRequest,
     timeout: Duration,
 ) -> std::result::Result<String, SummarizeError> {
-    match tokio::time::timeout(timeout, harness.summarizer().summarize(request)).await {
-        Err(_) => Err(SummarizeError::Timeout {
-            seconds: timeout.as_secs_f64(),
-        }),
-        Ok(Ok(t)) if t.trim().is_empty() => Err(SummarizeError::EmptyOutput),
-        Ok(r) => r,
-    }
+    crate::consolidate::checked_summary(
+        harness.summarizer().as_ref(),
+        request,
+        timeout,
+        harness.token_counter().as_ref(),
+    )
+    .await
 }
 
 /// Options of [`RunningSummaryMemory`].
@@ -881,20 +881,13 @@ impl AutoContextSummarizer {
             .summarizer
             .clone()
             .unwrap_or_else(|| self.harness.summarizer().clone());
-        let text = match tokio::time::timeout(
+        let text = crate::consolidate::checked_summary(
+            summarizer.as_ref(),
+            &pending.request,
             self.options.timeout,
-            summarizer.summarize(&pending.request),
+            self.harness.token_counter().as_ref(),
         )
-        .await
-        {
-            Err(_) => {
-                return Err(SummarizeError::Timeout {
-                    seconds: self.options.timeout.as_secs_f64(),
-                })
-            }
-            Ok(Ok(t)) if t.trim().is_empty() => return Err(SummarizeError::EmptyOutput),
-            Ok(r) => r?,
-        };
+        .await?;
         Ok(CompletedSummary { pending, text })
     }
 

@@ -252,7 +252,7 @@ impl OpenAiSummarizer {
                 return Attempt::Retry(SummarizeError::Connection {
                     url: self.url.clone(),
                     attempts: 1,
-                    message: e.to_string(),
+                    message: self.scrub(e.to_string()),
                 })
             }
         };
@@ -265,9 +265,11 @@ impl OpenAiSummarizer {
                 .chars()
                 .take(300)
                 .collect();
+            // Servers echo a rejected key back ("Incorrect API key provided: sk-..."): it
+            // must not travel on in errors and logs.
             let e = SummarizeError::Http {
                 status,
-                message: text,
+                message: self.scrub(text),
             };
             return if status == 429 || status >= 500 {
                 Attempt::Retry(e)
@@ -290,6 +292,16 @@ impl OpenAiSummarizer {
             None => Attempt::Fail(SummarizeError::Other(
                 "the response has no choices[0].message.content".into(),
             )),
+        }
+    }
+
+    /// `text` with the API key (when there is one) replaced by `[redacted]`.
+    fn scrub(&self, text: String) -> String {
+        match &self.api_key {
+            Some(k) if !k.is_empty() && text.contains(k.as_str()) => {
+                text.replace(k.as_str(), "[redacted]")
+            }
+            _ => text,
         }
     }
 

@@ -71,7 +71,17 @@ pub enum StoreError {
         /// Dimension asked for.
         requested_dim: usize,
     },
-    /// The database was written by a newer version of Cairn.
+    /// A summary of one thread was given a source from another thread; nothing written.
+    #[error("memory {id} belongs to thread {source_thread:?}; a summary of thread {summary_thread:?} cannot cite it")]
+    ThreadMismatch {
+        /// The source from another thread.
+        id: MemoryId,
+        /// Its thread.
+        source_thread: String,
+        /// The summary's thread.
+        summary_thread: String,
+    },
+    /// The database was written by a newer Cairn.
     #[error("the database format version is {found}, newer than the {supported} this build reads; upgrade Cairn")]
     FormatTooNew {
         /// Version found.

@@ -107,8 +107,8 @@ pub struct StoreOptions {
     /// Snapshot the index after this many new index entries. Default 20,000; 0 = only on
     /// close and on request.
     pub snapshot_every: usize,
-    /// Filtered searches whose filter admits at most this many memories scan them exactly
-    /// instead of walking the graph. Default 1,000.
+    /// Searches whose filter admits at most this many memories (unfiltered ones: stores of
+    /// at most this many) scan them exactly instead of walking the graph. Default 1,000.
     pub exact_scan_max: usize,
     /// ...and so do those admitting at most `exact_scan_factor × √(live memories)`. Default
     /// 32: measured, an exact scan costs about 1.25 µs per admitted row and a filtered graph

@@ -493,8 +493,11 @@ impl Store {
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
             let mut sources = Vec::with_capacity(summary.source_ids.len());
+            let summary_thread = summary.thread_id.as_ref().map(ThreadId::as_str);
             for sid in &summary.source_ids {
-                sources.push(source_facts(&tx, *sid)?);
+                let facts = source_facts(&tx, *sid)?;
+                check_thread(summary_thread, *sid, &facts)?;
+                sources.push(facts);
             }
             let level = 1 + sources.iter().map(|s| s.level).max().unwrap_or(0);
             let start = sources.iter().map(|s| s.start).min().unwrap_or(0);
@@ -548,6 +551,11 @@ impl Store {
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
             let rid = summary_rid(&tx, summary)?;
+            let summary_thread: Option<String> = tx.query_row(
+                "SELECT thread_id FROM memories WHERE rid = ?1",
+                params![rid],
+                |r| r.get(0),
+            )?;
             let ancestors: HashSet<i64> = ancestor_rids(&tx, rid)?.into_iter().collect();
             let first: i64 = tx.query_row(
                 "SELECT COALESCE(MAX(position), -1) + 1 FROM summary_sources WHERE summary = ?1",
@@ -563,6 +571,7 @@ impl Store {
                     return Err(StoreError::DuplicateSource { id: *sid });
                 }
                 let facts = source_facts(&tx, *sid)?;
+                check_thread(summary_thread.as_deref(), *sid, &facts)?;
                 if ancestors.contains(&facts.rid) {
                     return Err(StoreError::Cycle {
                         summary,
@@ -900,7 +909,10 @@ impl Store {
         #[allow(clippy::cast_precision_loss)]
         let few = admitted <= shared.options.exact_scan_max
             || admitted as f64 <= shared.options.exact_scan_factor * (live as f64).sqrt();
-        let found = if !filter.is_empty() && few {
+        // A small store (or a narrow filter) is scanned exactly: it costs about as much as a
+        // graph walk there, and the graph can miss an exact match on a small index (seen:
+        // a 158-point graph whose search for a stored vector, ef 2,000, did not return it).
+        let found = if few {
             self.exact_scan(&q, k, filter)?
         } else if filter.is_empty() {
             shared.index.search(&q, k, ef, None)
@@ -1214,11 +1226,26 @@ struct SourceFacts {
     level: u32,
     start: i64,
     end: i64,
+    thread: Option<String>,
+}
+
+/// A summary of a thread may cite that thread's memories and memories of no thread; a
+/// summary of no thread may cite anything.
+fn check_thread(summary_thread: Option<&str>, source: MemoryId, facts: &SourceFacts) -> Result<()> {
+    match (summary_thread, facts.thread.as_deref()) {
+        (Some(t), Some(st)) if t != st => Err(StoreError::ThreadMismatch {
+            id: source,
+            source_thread: st.to_owned(),
+            summary_thread: t.to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 fn source_facts(conn: &Connection, id: MemoryId) -> Result<SourceFacts> {
     conn.prepare_cached(
-        "SELECT rid, level, COALESCE(time_start, created_at), COALESCE(time_end, created_at)
+        "SELECT rid, level, COALESCE(time_start, created_at), COALESCE(time_end, created_at),
+                thread_id
          FROM memories WHERE id = ?1",
     )?
     .query_row(params![id.as_bytes()], |r| {
@@ -1227,6 +1254,7 @@ fn source_facts(conn: &Connection, id: MemoryId) -> Result<SourceFacts> {
             level: r.get(1)?,
             start: r.get(2)?,
             end: r.get(3)?,
+            thread: r.get(4)?,
         })
     })
     .optional()?

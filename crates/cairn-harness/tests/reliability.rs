@@ -1,0 +1,1205 @@
+//! Reliability under faults, load and hostile input (see docs/reliability.md).
+//!
+//! Lengths are set by environment variables: `CAIRN_CRASH_ROUNDS` (SIGKILL rounds, default
+//! 50), `CAIRN_SOAK_SECS` (soak test, default 3), `CAIRN_PROPTEST_CASES` (cases per
+//! property, default 32).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use cairn_core::{
+    Embedder, ManualClock, MemoryId, MemoryKind, NewMemory, Role, SummarizeError, Summarizer,
+    SummaryRequest, ThreadId,
+};
+use cairn_embed::HashEmbedder;
+use cairn_harness::{
+    ConsolidationPolicy, ExtractiveSummarizer, Filter, HarnessError, MemoryHarness,
+    OpenAiSummarizer, SearchMode, SearchOptions, SummaryTree,
+};
+use cairn_store::StoreError;
+use chrono::{DateTime, Utc};
+use rand::{Rng, SeedableRng};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_750_000_000, 0).unwrap()
+}
+
+fn embedder() -> Arc<dyn Embedder> {
+    Arc::new(HashEmbedder::new(64))
+}
+
+async fn harness(path: &std::path::Path, summarizer: Option<Arc<dyn Summarizer>>) -> MemoryHarness {
+    let e = embedder();
+    MemoryHarness::builder(path)
+        .embedder(e.clone())
+        .clock(Arc::new(ManualClock::new(now())))
+        .summarizer(summarizer.unwrap_or_else(|| Arc::new(ExtractiveSummarizer::new(e))))
+        .build()
+        .await
+        .unwrap()
+}
+
+fn thread(name: &str) -> ThreadId {
+    ThreadId::new(name).unwrap()
+}
+
+/// `n` turns of `name`, twenty days old, one every ten minutes.
+fn old_turns(name: &str, n: usize) -> Vec<NewMemory> {
+    (0..n)
+        .map(|i| {
+            let role = if i % 2 == 0 {
+                Role::User
+            } else {
+                Role::Assistant
+            };
+            NewMemory::conversational(
+                thread(name),
+                role,
+                format!(
+                    "In {name}, message {i} talks about topic {}. A second sentence, number {i}.",
+                    i % 7
+                ),
+            )
+            .at(now() - chrono::Duration::days(20) + chrono::Duration::minutes(i as i64 * 10))
+        })
+        .collect()
+}
+
+fn signature(tree: &SummaryTree) -> String {
+    if tree.children.is_empty() {
+        return tree.memory.content.clone();
+    }
+    let kids: Vec<String> = tree.children.iter().map(signature).collect();
+    format!("{}<{}>", tree.memory.content, kids.join("|"))
+}
+
+/// The summary trees of `name`, as strings.
+async fn forest(mem: &MemoryHarness, name: &str) -> BTreeSet<String> {
+    let all = mem
+        .list(
+            Filter::all()
+                .kinds([MemoryKind::Summary])
+                .thread(thread(name)),
+            0,
+            usize::MAX,
+        )
+        .await
+        .unwrap();
+    let mut out = BTreeSet::new();
+    for s in all {
+        if mem.summaries_of(s.id).await.unwrap().is_empty() {
+            out.insert(signature(&mem.summary_tree(s.id).await.unwrap()));
+        }
+    }
+    out
+}
+
+/// Consolidates until a pass finds nothing to do.
+async fn consolidate_fully(mem: &MemoryHarness, name: &str) {
+    let policy = ConsolidationPolicy::older_than(Duration::from_secs(3600))
+        .fanout(3)
+        .thread(thread(name));
+    for _ in 0..10 {
+        let r = mem.consolidate(policy.clone()).await.unwrap();
+        if r.chunks() == 0 && r.failures.is_empty() {
+            return;
+        }
+    }
+    panic!("consolidation did not settle");
+}
+
+/// Every summary's links are whole: it expands to exactly the sources it lists, its level is
+/// one above its highest source, and it is not its own ancestor. The index holds exactly
+/// the stored memories.
+async fn check_integrity(mem: &MemoryHarness) {
+    let summaries = mem
+        .list(Filter::all().kinds([MemoryKind::Summary]), 0, usize::MAX)
+        .await
+        .unwrap();
+    for s in &summaries {
+        let info = s.summary.as_ref().unwrap();
+        let sources = mem.expand_summary(s.id).await.unwrap();
+        let ids: Vec<MemoryId> = sources.iter().map(|m| m.id).collect();
+        assert_eq!(ids, info.source_ids, "summary {} is whole", s.id);
+        assert_eq!(info.source_count, ids.len());
+        let top = sources.iter().map(|m| m.level).max().unwrap_or(0);
+        assert_eq!(s.level, top + 1, "summary {} level", s.id);
+        assert!(!mem
+            .ancestors(s.id)
+            .await
+            .unwrap()
+            .iter()
+            .any(|a| a.id == s.id));
+    }
+    let stats = mem.stats().await.unwrap().store;
+    assert_eq!(stats.index.live, stats.total, "index matches the rows");
+}
+
+// ---------------------------------------------------------------------------------------
+// Crash at any instant
+
+/// A summarizer that sleeps before answering.
+struct Slow(Duration, ExtractiveSummarizer);
+
+#[async_trait]
+impl Summarizer for Slow {
+    fn name(&self) -> &str {
+        "slow"
+    }
+    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
+        tokio::time::sleep(self.0).await;
+        self.1.summarize(r).await
+    }
+}
+
+const WORDS: [&str; 24] = [
+    "apple", "river", "engine", "violet", "harbor", "quartz", "lantern", "meadow", "copper",
+    "falcon", "glacier", "orchid", "pepper", "saddle", "tunnel", "walnut", "yonder", "zephyr",
+    "basil", "canyon", "dune", "ember", "fjord", "grove",
+];
+
+const CRASH_CHILD: &str = "CAIRN_RELIABILITY_CHILD_DB";
+
+/// Child side of the SIGKILL test: consolidates the old thread slowly in the background
+/// while adding turns, writing summaries and deleting turns on three live threads, printing
+/// each acknowledged write. Runs until killed.
+#[test]
+fn crash_child() {
+    let Ok(path) = std::env::var(CRASH_CHILD) else {
+        return;
+    };
+    let seed: u64 = std::env::var("CAIRN_RELIABILITY_SEED")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let slow = Arc::new(Slow(
+            Duration::from_millis(40),
+            ExtractiveSummarizer::new(embedder()),
+        ));
+        let mem = harness(std::path::Path::new(&path), Some(slow)).await;
+        let bg = mem.clone();
+        tokio::spawn(async move { consolidate_fully(&bg, "old").await });
+        println!("ready");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut live: HashMap<usize, Vec<MemoryId>> = HashMap::new();
+        let mut cited: HashSet<MemoryId> = HashSet::new();
+        for n in 0.. {
+            let t = rng.random_range(0..3usize);
+            let name = format!("live-{t}");
+            let turns = live.entry(t).or_default();
+            let op = rng.random_range(0..100);
+            if op < 65 || turns.len() < 4 {
+                let id = mem
+                    .add(NewMemory::conversational(
+                        thread(&name),
+                        Role::User,
+                        format!(
+                            "{} {} {} {} turn {n} on {name}",
+                            WORDS[rng.random_range(0..WORDS.len())],
+                            WORDS[rng.random_range(0..WORDS.len())],
+                            WORDS[rng.random_range(0..WORDS.len())],
+                            WORDS[rng.random_range(0..WORDS.len())],
+                        ),
+                    ))
+                    .await
+                    .unwrap();
+                println!("A {id}");
+                turns.push(id);
+            } else if op < 85 {
+                let mut picked = Vec::new();
+                while picked.len() < 3 {
+                    let id = turns[rng.random_range(0..turns.len())];
+                    if !picked.contains(&id) {
+                        picked.push(id);
+                    }
+                }
+                let s = mem
+                    .add_summary(format!("summary {n} of {name}"), &picked, Some(&name))
+                    .await
+                    .unwrap();
+                cited.extend(picked.iter().copied());
+                let list: Vec<String> = picked.iter().map(ToString::to_string).collect();
+                println!("S {s} {}", list.join(","));
+            } else if let Some(pos) = turns.iter().position(|id| !cited.contains(id)) {
+                let id = turns.remove(pos);
+                println!("X {id}");
+                mem.delete(id).await.unwrap();
+                println!("D {id}");
+            }
+        }
+    });
+}
+
+/// Kills a process doing mixed work at seeded random moments; after each kill the reopened
+/// store has every acknowledged write, whole summaries, an index that matches its rows, and
+/// consolidation resumes to the same tree as an uninterrupted run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_mixed_work_loses_nothing() {
+    let rounds = env_usize("CAIRN_CRASH_ROUNDS", 50);
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.db");
+    {
+        let mem = harness(&base, None).await;
+        mem.add_many(old_turns("old", 107)).await.unwrap();
+        mem.store().clone().close().unwrap();
+    }
+    let reference = {
+        let path = dir.path().join("reference.db");
+        std::fs::copy(&base, &path).unwrap();
+        let mem = harness(&path, None).await;
+        consolidate_fully(&mem, "old").await;
+        forest(&mem, "old").await
+    };
+    assert!(!reference.is_empty());
+    let exe = std::env::current_exe().unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let (mut acked, mut summaries, mut deletes) = (0, 0, 0);
+    for round in 0..rounds {
+        let path = dir.path().join(format!("round-{round}.db"));
+        std::fs::copy(&base, &path).unwrap();
+        let mut child = Command::new(&exe)
+            .args([
+                "--exact",
+                "crash_child",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CRASH_CHILD, &path)
+            .env("CAIRN_RELIABILITY_SEED", round.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                lines.push(l);
+            }
+            lines
+        });
+        // The child prints "ready" within a few hundred milliseconds; the kill lands at a
+        // seeded moment after that.
+        std::thread::sleep(Duration::from_millis(150 + rng.random_range(0..400)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let lines = reader.join().unwrap();
+        assert!(
+            lines.iter().any(|l| l.ends_with("ready")),
+            "round {round}: the child never started"
+        );
+
+        let mem = harness(&path, None).await;
+        let mut added = Vec::new();
+        let mut intents = HashSet::new();
+        let mut deleted = Vec::new();
+        // The last line may be cut short by the kill: only whole lines count.
+        let whole = |id: &str| id.parse::<MemoryId>().ok();
+        for l in &lines {
+            let mut parts = l.split(' ');
+            match (parts.next(), parts.next().and_then(whole)) {
+                (Some("A"), Some(id)) => added.push(id),
+                (Some("X"), Some(id)) => {
+                    intents.insert(id);
+                }
+                (Some("D"), Some(id)) => deleted.push(id),
+                (Some("S"), Some(id)) => {
+                    let listed: Vec<Option<MemoryId>> =
+                        parts.next().unwrap_or("").split(',').map(whole).collect();
+                    if listed.len() != 3 || listed.iter().any(Option::is_none) {
+                        continue;
+                    }
+                    let sources: Vec<MemoryId> = listed.into_iter().flatten().collect();
+                    let got = mem.expand_summary(id).await.unwrap();
+                    let got: Vec<MemoryId> = got.iter().map(|m| m.id).collect();
+                    assert_eq!(got, sources, "round {round}: summary {id}");
+                    summaries += 1;
+                }
+                _ => {}
+            }
+        }
+        for id in &added {
+            if !intents.contains(id) {
+                mem.get(*id)
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: acknowledged {id} lost: {e}"));
+                acked += 1;
+            }
+        }
+        for id in &deleted {
+            assert!(
+                matches!(mem.get(*id).await, Err(HarnessError::NotFound { .. })),
+                "round {round}: deleted {id} is back"
+            );
+            deletes += 1;
+        }
+        check_integrity(&mem).await;
+        // Memories are found by their own text (the index answers for the rows).
+        for id in added.iter().filter(|id| !intents.contains(id)).step_by(7) {
+            let m = mem.get(*id).await.unwrap();
+            let hits = mem
+                .search(
+                    &m.content,
+                    SearchOptions::all().mode(SearchMode::Vector).k(10),
+                )
+                .await
+                .unwrap();
+            // The 64-dimension test embedder can give two near-identical texts the same
+            // vector, so the memory is among the best hits rather than always first.
+            assert!(
+                hits.iter().any(|h| h.memory.id == *id),
+                "round {round}: {id} not found by its own text {:?}: {:?}",
+                m.content,
+                hits.iter()
+                    .map(|h| (h.score, h.memory.content.clone()))
+                    .collect::<Vec<_>>()
+            );
+        }
+        consolidate_fully(&mem, "old").await;
+        assert_eq!(
+            forest(&mem, "old").await,
+            reference,
+            "round {round}: consolidation resumed to the same tree"
+        );
+        drop(mem);
+        let _ = std::fs::remove_file(&path);
+    }
+    println!(
+        "{rounds} SIGKILL rounds: {acked} acknowledged adds, {summaries} summaries, \
+         {deletes} deletes checked"
+    );
+    assert!(acked > rounds, "the children did some work");
+}
+
+// ---------------------------------------------------------------------------------------
+// Disk full
+
+/// Unmounts on drop.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_full_fails_cleanly_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("small");
+    std::fs::create_dir(&mount).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(&mount)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: mounting a tmpfs needs root (CAP_SYS_ADMIN)");
+        return;
+    }
+    let _guard = Mount(mount.clone());
+    let ballast = mount.join("ballast");
+    std::fs::write(&ballast, vec![0u8; 1 << 20]).unwrap();
+    let path = mount.join("full.db");
+    let mem = harness(&path, None).await;
+    let mut ids = Vec::new();
+    let error = loop {
+        let text = format!("memory {} {}", ids.len(), "filler words ".repeat(300));
+        match mem.add_knowledge(text).await {
+            Ok(id) => ids.push(id),
+            Err(e) => break e,
+        }
+        assert!(ids.len() < 10_000, "the disk never filled");
+    };
+    println!("disk full after {} memories: {error}", ids.len());
+    assert!(
+        matches!(error, HarnessError::Store(StoreError::DiskFull)),
+        "{error:?}"
+    );
+    // Still readable, nothing lost.
+    for id in &ids {
+        mem.get(*id).await.unwrap();
+    }
+    let hits = mem
+        .search("memory filler", SearchOptions::all().k(5))
+        .await
+        .unwrap();
+    assert!(!hits.is_empty());
+    // Space freed: writes work again.
+    std::fs::remove_file(&ballast).unwrap();
+    let more = mem
+        .add_knowledge("written after space was freed")
+        .await
+        .unwrap();
+    mem.store().clone().close().unwrap();
+    drop(mem);
+    let mem = harness(&path, None).await;
+    for id in ids.iter().chain([&more]) {
+        mem.get(*id).await.unwrap();
+    }
+    assert_eq!(mem.stats().await.unwrap().store.total, ids.len() + 1);
+    check_integrity(&mem).await;
+    mem.store().clone().close().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Summarizer faults
+
+struct Faulty(&'static str);
+
+#[async_trait]
+impl Summarizer for Faulty {
+    fn name(&self) -> &str {
+        self.0
+    }
+    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
+        match self.0 {
+            "error" => Err(SummarizeError::Other("model crashed".into())),
+            "timeout" => {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok("late".into())
+            }
+            "empty" => Ok("  \n ".into()),
+            _ => Ok("far too long ".repeat(r.max_tokens * 3)),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summarizer_faults_are_reported_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, expect) in [
+        ("error", "model crashed"),
+        ("timeout", "timed out"),
+        ("empty", "empty summary"),
+        ("huge", "more than twice the budget"),
+    ] {
+        let mem = harness(
+            &dir.path().join(format!("{kind}.db")),
+            Some(Arc::new(Faulty(kind))),
+        )
+        .await;
+        mem.add_many(old_turns("t", 45)).await.unwrap();
+        let report = mem
+            .consolidate(
+                ConsolidationPolicy::older_than(Duration::from_secs(3600))
+                    .timeout(Duration::from_millis(100)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(report.chunks(), 0, "{kind}");
+        assert_eq!(report.failures.len(), 3, "{kind}: one per chunk");
+        for f in &report.failures {
+            assert!(f.reason.contains(expect), "{kind}: {}", f.reason);
+            assert_eq!(
+                f.memory_ids.len(),
+                if f.memory_ids.len() == 5 { 5 } else { 20 }
+            );
+        }
+        let stats = mem.stats().await.unwrap().store;
+        assert_eq!(stats.total, 45, "{kind}: nothing written, nothing lost");
+        assert_eq!(stats.links, 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Load
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    v[i]
+}
+
+/// Writers, readers, searches, expansions and a consolidation loop on one store for
+/// `CAIRN_SOAK_SECS` seconds: every write is there afterwards, nothing fails or hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_mixed_load() {
+    let secs = env_usize("CAIRN_SOAK_SECS", 3);
+    let dir = tempfile::tempdir().unwrap();
+    let mem = harness(&dir.path().join("soak.db"), None).await;
+    let deadline = Instant::now() + Duration::from_secs(secs as u64);
+    let lat: Arc<Mutex<HashMap<&'static str, Vec<Duration>>>> = Arc::default();
+    let written: Arc<Mutex<Vec<MemoryId>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let record =
+        |lat: &Arc<Mutex<HashMap<&'static str, Vec<Duration>>>>, op: &'static str, d: Duration| {
+            lat.lock().unwrap().entry(op).or_default().push(d);
+        };
+    let mut tasks = Vec::new();
+    for w in 0..3usize {
+        let (mem, lat, written) = (mem.clone(), lat.clone(), written.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0usize;
+            while Instant::now() < deadline {
+                // Old turns, so that the consolidation loop has work.
+                let m = NewMemory::conversational(
+                    thread(&format!("soak-{w}")),
+                    Role::User,
+                    format!("writer {w} turn {i} about subject {}", i % 11),
+                )
+                .at(now() - chrono::Duration::days(30) + chrono::Duration::seconds(i as i64));
+                let t = Instant::now();
+                let id = mem.add(m).await.unwrap();
+                record(&lat, "add", t.elapsed());
+                written.lock().unwrap().push(id);
+                i += 1;
+            }
+        }));
+    }
+    {
+        let (mem, lat, written) = (mem.clone(), lat.clone(), written.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+            while Instant::now() < deadline {
+                let pick = {
+                    let w = written.lock().unwrap();
+                    (!w.is_empty()).then(|| w[rng.random_range(0..w.len())])
+                };
+                if let Some(id) = pick {
+                    let t = Instant::now();
+                    mem.get(id).await.unwrap();
+                    record(&lat, "get", t.elapsed());
+                }
+                let t = Instant::now();
+                mem.search(
+                    &format!("turn about subject {}", rng.random_range(0..11)),
+                    SearchOptions::all().k(10),
+                )
+                .await
+                .unwrap();
+                record(&lat, "search", t.elapsed());
+                let summaries = mem
+                    .list(Filter::all().kinds([MemoryKind::Summary]), 0, 50)
+                    .await
+                    .unwrap();
+                if let Some(s) = summaries.last() {
+                    let t = Instant::now();
+                    mem.expand_summary(s.id).await.unwrap();
+                    record(&lat, "expand", t.elapsed());
+                }
+                let t = Instant::now();
+                mem.assemble_context("soak-0", "what about subject 3", 500)
+                    .await
+                    .unwrap();
+                record(&lat, "context", t.elapsed());
+            }
+        }));
+    }
+    {
+        let (mem, lat, stop) = (mem.clone(), lat.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let r = mem
+                    .consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)))
+                    .await
+                    .unwrap();
+                assert!(r.failures.is_empty(), "{:?}", r.failures);
+                record(&lat, "consolidate", t.elapsed());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }));
+    }
+    let consolidator = tasks.pop().unwrap();
+    let all = futures_join(tasks);
+    tokio::time::timeout(Duration::from_secs(secs as u64 + 120), all)
+        .await
+        .expect("no deadlock");
+    stop.store(true, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(120), consolidator)
+        .await
+        .expect("consolidation loop stops")
+        .unwrap();
+    let written = written.lock().unwrap().clone();
+    for id in &written {
+        mem.get(*id).await.unwrap();
+    }
+    check_integrity(&mem).await;
+    let mut lat = lat.lock().unwrap();
+    println!("soak {secs} s: {} writes, all present", written.len());
+    println!("| operation | count | p50 (ms) | p99 (ms) |\n|---|---:|---:|---:|");
+    let mut ops: Vec<_> = lat.keys().copied().collect();
+    ops.sort_unstable();
+    for op in ops {
+        let v = lat.get_mut(op).unwrap();
+        let n = v.len();
+        let p50 = percentile(v, 0.5);
+        let p99 = percentile(v, 0.99);
+        println!(
+            "| {op} | {n} | {:.2} | {:.2} |",
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        );
+    }
+    assert!(written.len() > 10);
+}
+
+async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hostile input
+
+fn cases() -> u32 {
+    u32::try_from(env_usize("CAIRN_PROPTEST_CASES", 32)).unwrap_or(32)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Text from every corner of Unicode: NUL and control characters, combining marks,
+/// right-to-left text, emoji, SQL and FTS5 syntax.
+fn hostile_text() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    let pieces = prop_oneof![
+        any::<char>().prop_map(String::from),
+        Just("\u{0}".to_owned()),
+        Just("e\u{301}\u{308}\u{20dd}".to_owned()),
+        Just("\u{202e}שלום עולם\u{202c} مرحبا".to_owned()),
+        Just("'); DROP TABLE memories; --".to_owned()),
+        Just("\"unbalanced AND OR NOT NEAR( * ^".to_owned()),
+        Just(" ".to_owned()),
+        Just("\u{feff}\u{200b}".to_owned()),
+        Just("👩‍👩‍👧 🏳️‍🌈".to_owned()),
+        "[a-z]{1,8}",
+    ];
+    proptest::collection::vec(pieces, 0..24).prop_map(|v| v.concat())
+}
+
+/// Arbitrary text, thread names and queries: typed errors or exact round trips, never a
+/// panic, and the store stays whole.
+#[test]
+fn hostile_text_round_trips_or_gets_typed_errors() {
+    use proptest::prelude::*;
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mem = rt.block_on(harness(&dir.path().join("h.db"), None));
+    let stored = AtomicUsize::new(0);
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: cases(),
+        ..Default::default()
+    });
+    runner
+        .run(
+            &(hostile_text(), hostile_text(), hostile_text()),
+            |(content, thread_name, query)| {
+                rt.block_on(async {
+                    match ThreadId::new(thread_name.as_str()) {
+                        Err(_) => {}
+                        Ok(t) => {
+                            let m = NewMemory::conversational(t, Role::User, content.clone());
+                            match mem.add(m).await {
+                                Ok(id) => {
+                                    stored.fetch_add(1, Ordering::SeqCst);
+                                    let back = mem.get(id).await.unwrap();
+                                    prop_assert_eq!(back.content, content.clone());
+                                    let t = back.thread_id.unwrap();
+                                    prop_assert_eq!(t.as_str(), thread_name.as_str());
+                                }
+                                Err(HarnessError::Input(_)) => {
+                                    prop_assert!(content.trim().is_empty());
+                                }
+                                Err(e) => prop_assert!(false, "{e:?}"),
+                            }
+                        }
+                    }
+                    for mode in [SearchMode::Vector, SearchMode::Keyword, SearchMode::Hybrid] {
+                        match mem.search(&query, SearchOptions::all().mode(mode)).await {
+                            Ok(_) => {}
+                            Err(HarnessError::Input(_)) => prop_assert!(query.trim().is_empty()),
+                            Err(e) => prop_assert!(false, "{mode:?} {query:?}: {e:?}"),
+                        }
+                    }
+                    Ok(())
+                })
+            },
+        )
+        .unwrap();
+    rt.block_on(async {
+        let total = mem.stats().await.unwrap().store.total;
+        assert_eq!(total, stored.load(Ordering::SeqCst));
+        // A 1 MiB string is accepted whole; one byte more is a typed error.
+        let big = "ab\u{0}ç".repeat((1 << 20) / 5);
+        let id = mem.add_knowledge(big.clone()).await.unwrap();
+        assert_eq!(mem.get(id).await.unwrap().content, big);
+        let over = "x".repeat((1 << 20) + 1);
+        assert!(matches!(
+            mem.add_knowledge(over).await,
+            Err(HarnessError::Input(_))
+        ));
+        check_integrity(&mem).await;
+    });
+}
+
+/// Metadata nested to any depth: stored whole up to the limit, a typed error beyond it.
+#[test]
+fn deep_metadata_is_stored_or_refused() {
+    use proptest::prelude::*;
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mem = rt.block_on(harness(&dir.path().join("m.db"), None));
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: cases(),
+        ..Default::default()
+    });
+    runner
+        .run(&(1usize..200, hostile_text()), |(depth, leaf)| {
+            rt.block_on(async {
+                let mut v = serde_json::json!(leaf);
+                for i in 0..depth {
+                    v = if i % 2 == 0 {
+                        serde_json::json!({ "k": v })
+                    } else {
+                        serde_json::json!([v, null, 1.5])
+                    };
+                }
+                let mut meta = cairn_core::Metadata::new();
+                meta.insert("deep".into(), v.clone());
+                let m = NewMemory::new(MemoryKind::Knowledge, "a fact").with_metadata(meta);
+                match mem.add(m).await {
+                    Ok(id) => {
+                        prop_assert!(depth <= 64);
+                        prop_assert_eq!(&mem.get(id).await.unwrap().metadata["deep"], &v);
+                    }
+                    Err(HarnessError::Input(_)) => prop_assert!(depth > 60),
+                    Err(e) => prop_assert!(false, "{e:?}"),
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
+
+/// NaN, infinite, zero and wrong-length vectors are refused with a typed error and write
+/// nothing.
+#[test]
+fn bad_vectors_are_refused() {
+    use proptest::prelude::*;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let mem = rt.block_on(harness(&dir.path().join("v.db"), None));
+    let store = mem.store();
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: cases(),
+        ..Default::default()
+    });
+    let bad = prop_oneof![
+        (0usize..64).prop_map(|i| {
+            let mut v = vec![0.1f32; 64];
+            v[i] = f32::NAN;
+            v
+        }),
+        (0usize..64, any::<bool>()).prop_map(|(i, neg)| {
+            let mut v = vec![0.1f32; 64];
+            v[i] = if neg {
+                f32::NEG_INFINITY
+            } else {
+                f32::INFINITY
+            };
+            v
+        }),
+        Just(vec![0.0f32; 64]),
+        (0usize..200)
+            .prop_filter("not 64", |n| *n != 64)
+            .prop_map(|n| vec![0.5f32; n]),
+    ];
+    runner
+        .run(&bad, |v| {
+            let r = store.insert(NewMemory::new(MemoryKind::Knowledge, "x"), v.clone());
+            prop_assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
+            let q = store.search_vector(v, 3, &Filter::all(), None);
+            prop_assert!(matches!(q, Err(StoreError::Input(_))), "{q:?}");
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(store.stats().unwrap().total, 0);
+}
+
+/// Random summary graphs, with attempts at cycles, self-reference, repeats and unknown ids:
+/// every refusal is typed and the graph stays whole (levels, links, no cycles).
+#[test]
+fn random_summary_graphs_stay_whole() {
+    use proptest::prelude::*;
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: cases().min(16),
+        ..Default::default()
+    });
+    let case = AtomicUsize::new(0);
+    let ops = proptest::collection::vec(
+        (any::<bool>(), proptest::collection::vec(0usize..64, 1..5)),
+        1..40,
+    );
+    runner
+        .run(&ops, |ops| {
+            let path = dir
+                .path()
+                .join(format!("g{}.db", case.fetch_add(1, Ordering::SeqCst)));
+            rt.block_on(async {
+                let mem = harness(&path, None).await;
+                let mut ids = mem.add_many(old_turns("g", 8)).await.unwrap();
+                let mut summaries: Vec<MemoryId> = Vec::new();
+                for (extend, picks) in ops {
+                    let mut sources: Vec<MemoryId> =
+                        picks.iter().map(|p| ids[p % ids.len()]).collect();
+                    if picks[0] % 7 == 0 {
+                        sources.push(MemoryId::new()); // unknown
+                    }
+                    let r = if extend && !summaries.is_empty() {
+                        let target = summaries[picks[0] % summaries.len()];
+                        mem.extend_summary(target, &sources).await.map(|u| u.id)
+                    } else {
+                        mem.add_summary("s", &sources, Some("g")).await
+                    };
+                    match r {
+                        Ok(id) => {
+                            if !summaries.contains(&id) {
+                                summaries.push(id);
+                                ids.push(id);
+                            }
+                        }
+                        Err(HarnessError::NotFound { .. }) => {}
+                        Err(HarnessError::Store(
+                            StoreError::Cycle { .. }
+                            | StoreError::SelfReference { .. }
+                            | StoreError::DuplicateSource { .. },
+                        )) => {}
+                        Err(e) => prop_assert!(false, "{e:?}"),
+                    }
+                }
+                check_integrity(&mem).await;
+                Ok(())
+            })
+        })
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Isolation
+
+/// Over random multi-thread stores, searches, expansions and context assembly restricted to
+/// one thread never return another thread's memories, and a summary cannot cite across
+/// threads.
+#[test]
+fn threads_never_leak_into_each_other() {
+    use proptest::prelude::*;
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: cases().min(12),
+        ..Default::default()
+    });
+    let case = AtomicUsize::new(0);
+    let words = &WORDS[..6];
+    let spec = proptest::collection::vec((0usize..3, 0usize..6, 0usize..6), 10..60);
+    runner
+        .run(&(spec, 0usize..6), |(spec, q)| {
+            let path = dir
+                .path()
+                .join(format!("i{}.db", case.fetch_add(1, Ordering::SeqCst)));
+            rt.block_on(async {
+                let mem = harness(&path, None).await;
+                let mut by_thread: HashMap<usize, Vec<MemoryId>> = HashMap::new();
+                for (i, (t, a, b)) in spec.iter().enumerate() {
+                    let id = mem
+                        .add(
+                            NewMemory::conversational(
+                                thread(&format!("t{t}")),
+                                Role::User,
+                                format!("{} and {} number {i}", words[*a], words[*b]),
+                            )
+                            .at(now() - chrono::Duration::minutes(100 - i as i64)),
+                        )
+                        .await
+                        .unwrap();
+                    by_thread.entry(*t).or_default().push(id);
+                }
+                // A summary per thread over its first turns; a cross-thread one is refused.
+                for (t, ids) in &by_thread {
+                    let n = ids.len().min(4);
+                    mem.add_summary(
+                        format!("{} summary", words[*t]),
+                        &ids[..n],
+                        Some(&format!("t{t}")),
+                    )
+                    .await
+                    .unwrap();
+                    if let Some(other) = by_thread.keys().find(|o| *o != t) {
+                        let r = mem
+                            .add_summary("mixed", &[by_thread[other][0]], Some(&format!("t{t}")))
+                            .await;
+                        prop_assert!(
+                            matches!(
+                                r,
+                                Err(HarnessError::Store(StoreError::ThreadMismatch { .. }))
+                            ),
+                            "{r:?}"
+                        );
+                    }
+                }
+                for t in by_thread.keys() {
+                    let name = format!("t{t}");
+                    let mine = |id: &MemoryId| -> bool { by_thread[t].contains(id) };
+                    for mode in [SearchMode::Vector, SearchMode::Keyword, SearchMode::Hybrid] {
+                        let hits = mem
+                            .search(
+                                words[q],
+                                SearchOptions::all().thread(thread(&name)).mode(mode).k(50),
+                            )
+                            .await
+                            .unwrap();
+                        for h in &hits {
+                            prop_assert_eq!(
+                                h.memory.thread_id.as_ref().map(ThreadId::as_str),
+                                Some(name.as_str())
+                            );
+                        }
+                    }
+                    let summaries = mem
+                        .list(
+                            Filter::all()
+                                .kinds([MemoryKind::Summary])
+                                .thread(thread(&name)),
+                            0,
+                            100,
+                        )
+                        .await
+                        .unwrap();
+                    for s in summaries {
+                        for leaf in mem.expand_to_leaves(s.id).await.unwrap() {
+                            prop_assert!(mine(&leaf.id));
+                        }
+                    }
+                    let ctx = mem.assemble_context(&name, words[q], 400).await.unwrap();
+                    for item in &ctx.items {
+                        let m = mem.get(item.id).await.unwrap();
+                        prop_assert_eq!(
+                            m.thread_id.as_ref().map(ThreadId::as_str),
+                            Some(name.as_str())
+                        );
+                    }
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// SQL and secrets
+
+/// SQL text is only ever assembled from fixed fragments: every `format!` whose template
+/// reads like SQL may interpolate only the crate's own fixed pieces (the column list and
+/// the filter's `AND ... = ?` conditions, whose values are bound as parameters).
+#[test]
+fn sql_is_built_with_parameters_only() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let allowed = ["cond", "cols", "COLS", "where_order"];
+    let sql_words = [
+        "SELECT ", "INSERT ", "UPDATE ", "DELETE ", "WHERE ", "PRAGMA ", "CREATE ",
+    ];
+    let mut checked = 0;
+    for krate in std::fs::read_dir(&root).unwrap() {
+        let src = krate.unwrap().path().join("src");
+        let Ok(files) = std::fs::read_dir(&src) else {
+            continue;
+        };
+        for f in files {
+            let f = f.unwrap().path();
+            if f.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            let mut rest = text.as_str();
+            while let Some(at) = rest.find("format!(") {
+                let after = &rest[at + 8..];
+                let lit_start = after.find('"').unwrap_or(0);
+                let lit = &after[lit_start + 1..];
+                let mut lit_end = lit.len();
+                let mut escaped = false;
+                for (i, c) in lit.char_indices() {
+                    match c {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => {
+                            lit_end = i;
+                            break;
+                        }
+                        _ => escaped = false,
+                    }
+                }
+                let template = &lit[..lit_end];
+                if sql_words.iter().any(|w| template.contains(w)) {
+                    checked += 1;
+                    let mut t = template;
+                    while let Some(open) = t.find('{') {
+                        let close = t[open..].find('}').unwrap() + open;
+                        let name = &t[open + 1..close];
+                        assert!(
+                            allowed.contains(&name),
+                            "{}: SQL formatted with {{{name}}}: {template}",
+                            f.display()
+                        );
+                        t = &t[close + 1..];
+                    }
+                }
+                rest = after;
+            }
+        }
+    }
+    assert!(checked >= 3, "the scan found the store's SQL ({checked})");
+    // The filter's fragments carry placeholders, never values.
+    let rows = std::fs::read_to_string(root.join("cairn-store/src/rows.rs")).unwrap();
+    for line in rows.lines().filter(|l| l.contains("push_str(")) {
+        assert!(
+            !line.contains("format!"),
+            "a formatted SQL fragment: {line}"
+        );
+    }
+}
+
+/// A rejected API key that the server echoes back appears neither in the error nor in any
+/// log line.
+#[test]
+fn api_keys_stay_out_of_errors_and_logs() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        // Two connections: one 500 (retried, logged) and one 401 echoing the key.
+        for status in ["500 Internal Server Error", "401 Unauthorized"] {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = vec![0u8; 65536];
+            let mut got = Vec::new();
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got);
+                if let Some(h) = text.find("\r\n\r\n") {
+                    let len = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if got.len() >= h + 4 + len {
+                        break;
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+            }
+            let text = String::from_utf8_lossy(&got).to_string();
+            let auth = text
+                .lines()
+                .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+                .unwrap_or("")
+                .to_owned();
+            let body = format!("{{\"error\": \"Incorrect API key provided: {auth}\"}}");
+            write!(
+                s,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+        }
+    });
+    let key = "sk-test-4f9a1c2b7e";
+    let var = "CAIRN_RELIABILITY_TEST_KEY";
+    std::env::set_var(var, key);
+    let logs: Arc<Mutex<Vec<u8>>> = Arc::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || LogSink(sink.clone()))
+        .finish();
+    let err = tracing::subscriber::with_default(subscriber, || {
+        let s = OpenAiSummarizer::builder(format!("http://127.0.0.1:{port}/v1"), "m")
+            .api_key_env(var)
+            .retries(1)
+            .backoff(Duration::from_millis(1))
+            .build()
+            .unwrap();
+        tracing::info!(summarizer = ?s, "built");
+        let r = s.summarize_blocking(&SummaryRequest {
+            previous: None,
+            items: vec![cairn_core::SummaryItem {
+                kind: MemoryKind::Conversational,
+                role: Some(Role::User),
+                speaker: None,
+                content: "hello".into(),
+                created_at: now(),
+            }],
+            max_tokens: 50,
+        });
+        let e = r.unwrap_err();
+        tracing::warn!(error = %e, debug = ?e, "summarizer failed");
+        e
+    });
+    server.join().unwrap();
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let shown = format!("{err} {err:?}");
+    assert!(
+        matches!(err, SummarizeError::Http { status: 401, .. }),
+        "{shown}"
+    );
+    assert!(shown.contains("[redacted]"), "{shown}");
+    assert!(!shown.contains(key), "the key is in the error: {shown}");
+    assert!(logs.contains("retrying the summarizer"), "{logs}");
+    assert!(!logs.contains(key), "the key is in the logs: {logs}");
+}
+
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
