@@ -292,24 +292,33 @@ async fn sigkill_during_mixed_work_loses_nothing() {
             .spawn()
             .unwrap();
         let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
         let reader = std::thread::spawn(move || {
-            let mut lines = Vec::new();
             for l in BufReader::new(out).lines() {
                 let Ok(l) = l else { break };
-                lines.push(l);
+                if tx.send(l).is_err() {
+                    break;
+                }
             }
-            lines
         });
-        // The child prints "ready" within a few hundred milliseconds; the kill lands at a
-        // seeded moment after that.
-        std::thread::sleep(Duration::from_millis(150 + rng.random_range(0..400)));
+        // Wait for the child to be open and working (slow when other tests load the
+        // machine), then kill it at a seeded moment.
+        let mut lines = Vec::new();
+        loop {
+            let l = rx
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("round {round}: the child never started ({e})"));
+            let ready = l.ends_with("ready");
+            lines.push(l);
+            if ready {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(5..400)));
         child.kill().unwrap();
         child.wait().unwrap();
-        let lines = reader.join().unwrap();
-        assert!(
-            lines.iter().any(|l| l.ends_with("ready")),
-            "round {round}: the child never started"
-        );
+        reader.join().unwrap();
+        lines.extend(rx.try_iter());
 
         let mem = harness(&path, None).await;
         let mut added = Vec::new();
