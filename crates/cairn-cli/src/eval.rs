@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use cairn_core::{MemoryKind, MemoryUnit, ThreadId};
 use cairn_harness::import::{parse_locomo, LocomoQuestion};
-use cairn_harness::{ConsolidationPolicy, MemoryHarness, SearchMode, SearchOptions};
+use cairn_harness::{
+    ConsolidationPolicy, MemoryHarness, RecalledBlockCost, SearchMode, SearchOptions,
+};
 use serde::Serialize;
 
 /// Figures of one strategy over a set of questions.
@@ -117,23 +119,16 @@ fn fill_grouped(
     turns: impl IntoIterator<Item = MemoryUnit>,
     budget: usize,
 ) -> (HashSet<String>, usize) {
-    let c = mem.token_counter();
-    let mut used = c.count_message("Recalled from earlier in this conversation:\n");
-    let mut days = HashSet::new();
+    let mut block = RecalledBlockCost::new(mem.token_counter().as_ref());
+    let mut used = 0;
     let mut ids = HashSet::new();
     for m in turns {
-        let day = m.created_at.date_naive();
-        let cost = c.count(&format!("{}\n", m.content.replace('\n', " ")))
-            + if days.contains(&day) {
-                0
-            } else {
-                c.count(&format!("[{}]\n", day.format("%Y-%m-%d")))
-            };
+        let cost = block.cost(&m.content, m.created_at);
         if used + cost > budget {
             continue;
         }
         used += cost;
-        days.insert(day);
+        block.add(m.created_at);
         if let Some(d) = dia(&m) {
             ids.insert(d);
         }

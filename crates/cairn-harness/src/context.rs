@@ -86,12 +86,53 @@ fn render_item(i: &ContextItem) -> String {
 }
 
 /// A recalled turn as one line of the recalled block (its day is a header line above).
-fn recalled_line(i: &ContextItem) -> String {
-    format!("{}\n", i.content.replace('\n', " "))
+fn recalled_line(content: &str) -> String {
+    format!("{}\n", content.replace('\n', " "))
 }
 
 fn day_header(day: chrono::NaiveDate) -> String {
     format!("[{}]\n", day.format("%Y-%m-%d"))
+}
+
+/// The token cost of turns added one by one to the recalled block that
+/// [`AssembledContext::to_messages`] renders: a turn pays for its line, for its day's header
+/// line when it is the first turn of that day, and for the block's header (with the message
+/// overhead) when it is the first turn of all. Evaluations that pack turns the same way use
+/// it too.
+pub struct RecalledBlockCost<'a> {
+    counter: &'a dyn TokenCounter,
+    days: HashSet<chrono::NaiveDate>,
+    started: bool,
+}
+
+impl<'a> RecalledBlockCost<'a> {
+    /// An empty block.
+    pub fn new(counter: &'a dyn TokenCounter) -> Self {
+        Self {
+            counter,
+            days: HashSet::new(),
+            started: false,
+        }
+    }
+
+    /// Tokens a turn of `content` at `at` would add.
+    pub fn cost(&self, content: &str, at: DateTime<Utc>) -> usize {
+        let day = at.date_naive();
+        let mut tokens = self.counter.count(&recalled_line(content));
+        if !self.days.contains(&day) {
+            tokens += self.counter.count(&day_header(day));
+        }
+        if !self.started {
+            tokens += self.counter.count_message(RECALLED_HEADER);
+        }
+        tokens
+    }
+
+    /// Records a turn at `at` as added.
+    pub fn add(&mut self, at: DateTime<Utc>) {
+        self.days.insert(at.date_naive());
+        self.started = true;
+    }
 }
 
 /// The recalled turns (in time order) as one block: a header, then the turns grouped
@@ -109,7 +150,7 @@ fn recalled_block<'a>(items: impl IntoIterator<Item = &'a ContextItem>) -> Optio
             out.push_str(&day_header(d));
             day = Some(d);
         }
-        out.push_str(&recalled_line(i));
+        out.push_str(&recalled_line(&i.content));
     }
     (!out.is_empty()).then_some(out)
 }
@@ -118,22 +159,16 @@ impl AssembledContext {
     /// As chat messages: each summary as a system message, the recalled turns together as
     /// one system message (grouped by day), and the recent turns with their roles.
     pub fn to_messages(&self) -> Vec<ChatMessage> {
+        let block = recalled_block(self.items.iter().filter(|i| i.section == Section::Recalled));
+        // The block goes where the first recalled turn is.
+        let mut block = block.map(|content| ChatMessage {
+            role: "system".to_owned(),
+            content,
+        });
         let mut out = Vec::new();
-        let mut recalled_done = false;
         for i in &self.items {
             match (i.section, i.role) {
-                (Section::Recalled, _) => {
-                    if !recalled_done {
-                        recalled_done = true;
-                        let block = recalled_block(
-                            self.items.iter().filter(|i| i.section == Section::Recalled),
-                        );
-                        out.extend(block.map(|content| ChatMessage {
-                            role: "system".to_owned(),
-                            content,
-                        }));
-                    }
-                }
+                (Section::Recalled, _) => out.extend(block.take()),
                 (Section::Recent, Some(r)) => out.push(ChatMessage {
                     role: r.as_str().to_owned(),
                     content: render_item(i),
@@ -346,30 +381,19 @@ pub(crate) fn assemble_blocking(
         };
         // Recalled turns share one message: its header and each day's header line are
         // paid by the first turn that needs them.
-        let mut days: HashSet<chrono::NaiveDate> = HashSet::new();
+        let mut block = RecalledBlockCost::new(counter);
         let mut take =
             |m: &MemoryUnit, used: &mut usize, recalled: &mut Vec<ContextItem>| -> bool {
                 if taken.contains(&m.id) || oldest_recent.is_some_and(|t| m.created_at >= t) {
                     return false;
                 }
                 let mut it = item(m, Section::Recalled, counter);
-                let day = m.created_at.date_naive();
-                it.tokens = counter.count(&recalled_line(&it))
-                    + if days.contains(&day) {
-                        0
-                    } else {
-                        counter.count(&day_header(day))
-                    }
-                    + if recalled.is_empty() {
-                        counter.count_message(RECALLED_HEADER)
-                    } else {
-                        0
-                    };
+                it.tokens = block.cost(&m.content, m.created_at);
                 if *used + it.tokens > budget {
                     return false;
                 }
                 *used += it.tokens;
-                days.insert(day);
+                block.add(m.created_at);
                 taken.insert(it.id);
                 recalled.push(it);
                 true
@@ -434,23 +458,10 @@ pub(crate) fn assemble_blocking(
 /// Gives each recalled item (in time order) its share of the block's tokens: its line, its
 /// day's header when it is the day's first, the block's header on the first.
 fn attribute_recalled_tokens(items: &mut [ContextItem], counter: &dyn TokenCounter) {
-    let mut day = None;
-    let mut first = true;
+    let mut block = RecalledBlockCost::new(counter);
     for i in items.iter_mut().filter(|i| i.section == Section::Recalled) {
-        let d = i.created_at.date_naive();
-        i.tokens = counter.count(&recalled_line(i))
-            + if day == Some(d) {
-                0
-            } else {
-                counter.count(&day_header(d))
-            }
-            + if first {
-                counter.count_message(RECALLED_HEADER)
-            } else {
-                0
-            };
-        day = Some(d);
-        first = false;
+        i.tokens = block.cost(&i.content, i.created_at);
+        block.add(i.created_at);
     }
 }
 

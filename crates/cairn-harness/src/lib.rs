@@ -36,7 +36,9 @@ mod openai;
 mod tokens;
 
 pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
-pub use context::{AssembledContext, ChatMessage, ContextItem, ContextOptions, Section};
+pub use context::{
+    AssembledContext, ChatMessage, ContextItem, ContextOptions, RecalledBlockCost, Section,
+};
 pub use conversation::{
     AutoContextOptions, AutoContextSummarizer, CompletedSummary, ContextMessage, ConversationStats,
     MemoryValue, PendingSummary, RunningSummaryMemory, RunningSummaryOptions, SummarizeOutcome,

@@ -3,7 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeSet, HashSet};
+mod common;
+
+use common::{embedder, forest, harness, now, Slow};
+
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,31 +16,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use cairn_core::{
-    Embedder, ManualClock, MemoryKind, NewMemory, Role, SummarizeError, Summarizer, SummaryRequest,
-    ThreadId,
+    MemoryKind, NewMemory, Role, SummarizeError, Summarizer, SummaryRequest, ThreadId,
 };
-use cairn_embed::HashEmbedder;
-use cairn_harness::{
-    ConsolidationPolicy, ExtractiveSummarizer, Filter, MemoryHarness, SummaryTree,
-};
-use chrono::{DateTime, Utc};
-
-fn now() -> DateTime<Utc> {
-    DateTime::from_timestamp(1_750_000_000, 0).unwrap()
-}
-
-fn embedder() -> Arc<dyn Embedder> {
-    Arc::new(HashEmbedder::new(64))
-}
-
-async fn harness(path: &std::path::Path, summarizer: Option<Arc<dyn Summarizer>>) -> MemoryHarness {
-    let e = embedder();
-    let mut b = MemoryHarness::builder(path)
-        .embedder(e.clone())
-        .clock(Arc::new(ManualClock::new(now())));
-    b = b.summarizer(summarizer.unwrap_or_else(|| Arc::new(ExtractiveSummarizer::new(e))));
-    b.build().await.unwrap()
-}
+use cairn_harness::{ConsolidationPolicy, ExtractiveSummarizer, Filter, MemoryHarness};
 
 /// Three threads of turns, one every 10 minutes ending `recent` turns before now.
 async fn seed(mem: &MemoryHarness, per_thread: usize, recent: usize) {
@@ -58,28 +40,6 @@ async fn seed(mem: &MemoryHarness, per_thread: usize, recent: usize) {
             .collect();
         mem.add_many(batch).await.unwrap();
     }
-}
-
-fn signature(tree: &SummaryTree) -> String {
-    if tree.children.is_empty() {
-        return tree.memory.content.clone();
-    }
-    let kids: Vec<String> = tree.children.iter().map(signature).collect();
-    format!("{}<{}>", tree.memory.content, kids.join("|"))
-}
-
-async fn forest(mem: &MemoryHarness) -> BTreeSet<String> {
-    let all = mem
-        .list(Filter::all().kinds([MemoryKind::Summary]), 0, usize::MAX)
-        .await
-        .unwrap();
-    let mut out = BTreeSet::new();
-    for s in all {
-        if mem.summaries_of(s.id).await.unwrap().is_empty() {
-            out.insert(signature(&mem.summary_tree(s.id).await.unwrap()));
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,20 +277,6 @@ impl Summarizer for StopAfter {
     }
 }
 
-/// Sleeps before answering.
-struct Slow(Duration, ExtractiveSummarizer);
-
-#[async_trait]
-impl Summarizer for Slow {
-    fn name(&self) -> &str {
-        "slow"
-    }
-    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
-        tokio::time::sleep(self.0).await;
-        self.1.summarize(r).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_lose_nothing_and_the_next_pass_completes() {
     let dir = tempfile::tempdir().unwrap();
@@ -340,7 +286,7 @@ async fn failures_lose_nothing_and_the_next_pass_completes() {
         mem.consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
             .await
             .unwrap();
-        forest(&mem).await
+        forest(&mem, None).await
     };
     let flaky = Arc::new(Flaky {
         inner: ExtractiveSummarizer::new(embedder()),
@@ -365,7 +311,7 @@ async fn failures_lose_nothing_and_the_next_pass_completes() {
         assert!(passes < 10);
     }
     assert_eq!(
-        forest(&mem).await,
+        forest(&mem, None).await,
         reference,
         "retries complete the same tree"
     );
@@ -403,7 +349,7 @@ async fn stop_flag_then_resume_gives_the_same_tree() {
         mem.consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
             .await
             .unwrap();
-        forest(&mem).await
+        forest(&mem, None).await
     };
     // The summarizer raises the stop flag on its 5th call: deterministic, no timing.
     let stop = Arc::new(AtomicBool::new(false));
@@ -423,7 +369,7 @@ async fn stop_flag_then_resume_gives_the_same_tree() {
     assert_eq!(r.chunks(), 5, "stopped after the chunk in progress");
     stop.store(false, Ordering::SeqCst);
     mem.consolidate(policy).await.unwrap();
-    assert_eq!(forest(&mem).await, reference);
+    assert_eq!(forest(&mem, None).await, reference);
 }
 
 const CHILD: &str = "CAIRN_CONSOLIDATE_CHILD_DB";
@@ -504,7 +450,7 @@ async fn sigkill_mid_pass_then_resume_gives_the_same_tree() {
         mem.consolidate(ConsolidationPolicy::older_than(Duration::from_secs(3600)).fanout(3))
             .await
             .unwrap();
-        let resumed = forest(&mem).await;
+        let resumed = forest(&mem, None).await;
         let fresh_path = dir.path().join(format!("fresh-{round}.db"));
         std::fs::copy(&base, &fresh_path).unwrap();
         let fresh = harness(&fresh_path, None).await;
@@ -514,7 +460,7 @@ async fn sigkill_mid_pass_then_resume_gives_the_same_tree() {
             .unwrap();
         assert_eq!(
             resumed,
-            forest(&fresh).await,
+            forest(&fresh, None).await,
             "round {round} (killed after {partial} summaries)"
         );
     }

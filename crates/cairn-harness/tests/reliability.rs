@@ -6,7 +6,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+mod common;
+
+use common::{embedder, forest, harness, now, Slow};
+
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,16 +19,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use cairn_core::{
-    Embedder, ManualClock, MemoryId, MemoryKind, NewMemory, Role, SummarizeError, Summarizer,
-    SummaryRequest, ThreadId,
+    MemoryId, MemoryKind, NewMemory, Role, SummarizeError, Summarizer, SummaryRequest, ThreadId,
 };
-use cairn_embed::HashEmbedder;
 use cairn_harness::{
     ConsolidationPolicy, ExtractiveSummarizer, Filter, HarnessError, MemoryHarness,
-    OpenAiSummarizer, SearchMode, SearchOptions, SummaryTree,
+    OpenAiSummarizer, SearchMode, SearchOptions,
 };
 use cairn_store::StoreError;
-use chrono::{DateTime, Utc};
 use rand::{Rng, SeedableRng};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -32,25 +33,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn now() -> DateTime<Utc> {
-    DateTime::from_timestamp(1_750_000_000, 0).unwrap()
-}
-
-fn embedder() -> Arc<dyn Embedder> {
-    Arc::new(HashEmbedder::new(64))
-}
-
-async fn harness(path: &std::path::Path, summarizer: Option<Arc<dyn Summarizer>>) -> MemoryHarness {
-    let e = embedder();
-    MemoryHarness::builder(path)
-        .embedder(e.clone())
-        .clock(Arc::new(ManualClock::new(now())))
-        .summarizer(summarizer.unwrap_or_else(|| Arc::new(ExtractiveSummarizer::new(e))))
-        .build()
-        .await
-        .unwrap()
 }
 
 fn thread(name: &str) -> ThreadId {
@@ -77,35 +59,6 @@ fn old_turns(name: &str, n: usize) -> Vec<NewMemory> {
             .at(now() - chrono::Duration::days(20) + chrono::Duration::minutes(i as i64 * 10))
         })
         .collect()
-}
-
-fn signature(tree: &SummaryTree) -> String {
-    if tree.children.is_empty() {
-        return tree.memory.content.clone();
-    }
-    let kids: Vec<String> = tree.children.iter().map(signature).collect();
-    format!("{}<{}>", tree.memory.content, kids.join("|"))
-}
-
-/// The summary trees of `name`, as strings.
-async fn forest(mem: &MemoryHarness, name: &str) -> BTreeSet<String> {
-    let all = mem
-        .list(
-            Filter::all()
-                .kinds([MemoryKind::Summary])
-                .thread(thread(name)),
-            0,
-            usize::MAX,
-        )
-        .await
-        .unwrap();
-    let mut out = BTreeSet::new();
-    for s in all {
-        if mem.summaries_of(s.id).await.unwrap().is_empty() {
-            out.insert(signature(&mem.summary_tree(s.id).await.unwrap()));
-        }
-    }
-    out
 }
 
 /// Consolidates until a pass finds nothing to do.
@@ -151,20 +104,6 @@ async fn check_integrity(mem: &MemoryHarness) {
 
 // ---------------------------------------------------------------------------------------
 // Crash at any instant
-
-/// A summarizer that sleeps before answering.
-struct Slow(Duration, ExtractiveSummarizer);
-
-#[async_trait]
-impl Summarizer for Slow {
-    fn name(&self) -> &str {
-        "slow"
-    }
-    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
-        tokio::time::sleep(self.0).await;
-        self.1.summarize(r).await
-    }
-}
 
 const WORDS: [&str; 24] = [
     "apple", "river", "engine", "violet", "harbor", "quartz", "lantern", "meadow", "copper",
@@ -268,7 +207,7 @@ async fn sigkill_during_mixed_work_loses_nothing() {
         std::fs::copy(&base, &path).unwrap();
         let mem = harness(&path, None).await;
         consolidate_fully(&mem, "old").await;
-        forest(&mem, "old").await
+        forest(&mem, Some("old")).await
     };
     assert!(!reference.is_empty());
     let exe = std::env::current_exe().unwrap();
@@ -388,7 +327,7 @@ async fn sigkill_during_mixed_work_loses_nothing() {
         }
         consolidate_fully(&mem, "old").await;
         assert_eq!(
-            forest(&mem, "old").await,
+            forest(&mem, Some("old")).await,
             reference,
             "round {round}: consolidation resumed to the same tree"
         );
