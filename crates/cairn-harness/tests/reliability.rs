@@ -77,7 +77,7 @@ async fn consolidate_fully(mem: &MemoryHarness, name: &str) {
 
 /// Every summary's links are whole: it expands to exactly the sources it lists, its level is
 /// one above its highest source, and it is not its own ancestor. The index holds exactly
-/// the stored memories.
+/// the stored memories, with their attributes (`Store::check_index`).
 async fn check_integrity(mem: &MemoryHarness) {
     let summaries = mem
         .list(Filter::all().kinds([MemoryKind::Summary]), 0, usize::MAX)
@@ -98,8 +98,8 @@ async fn check_integrity(mem: &MemoryHarness) {
             .iter()
             .any(|a| a.id == s.id));
     }
-    let stats = mem.stats().await.unwrap().store;
-    assert_eq!(stats.index.live, stats.total, "index matches the rows");
+    let check = mem.store().check_index().unwrap();
+    assert!(check.is_consistent(), "index matches the rows: {check:?}");
 }
 
 // ---------------------------------------------------------------------------------------

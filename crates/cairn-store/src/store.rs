@@ -112,6 +112,28 @@ pub struct StoreStats {
     pub last_rebuild_reason: Option<String>,
 }
 
+/// What [`Store::check_index`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexCheck {
+    /// Rows in SQLite.
+    pub rows: usize,
+    /// Live entries in the index.
+    pub indexed: usize,
+    /// Rows without an index entry.
+    pub missing: usize,
+    /// Rows whose entry has another kind, level, time or thread.
+    pub mismatched: usize,
+    /// Index entries without a row.
+    pub orphaned: usize,
+}
+
+impl IndexCheck {
+    /// True when the index holds exactly the rows, with their attributes.
+    pub fn is_consistent(&self) -> bool {
+        self.missing == 0 && self.mismatched == 0 && self.orphaned == 0
+    }
+}
+
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
 struct Shared {
@@ -1034,6 +1056,33 @@ impl Store {
                 .optional()?
                 .ok_or(StoreError::NotFound { id })?;
             Ok(decode_vector(&blob))
+        })
+    }
+
+    /// Compares the vector index with the rows, between writes: every row must have a live
+    /// index entry with the row's kind, level, time and thread, and no entry may lack a row.
+    /// Reads every row's attributes (not the vectors): a diagnostic, not for hot paths.
+    pub fn check_index(&self) -> Result<IndexCheck> {
+        self.write(|conn, shared| {
+            // `live_rows` may intern new thread names: it runs before the read lock.
+            let rows = live_rows(conn, &shared.index)?;
+            let attrs = shared.index.attrs();
+            let mut check = IndexCheck {
+                rows: rows.len(),
+                indexed: attrs.map.len(),
+                ..IndexCheck::default()
+            };
+            for (vid, row) in &rows {
+                match attrs.map.get(vid) {
+                    None => check.missing += 1,
+                    Some(entry) if entry != row => check.mismatched += 1,
+                    Some(_) => {}
+                }
+            }
+            check.orphaned = check
+                .indexed
+                .saturating_sub(check.rows.saturating_sub(check.missing));
+            Ok(check)
         })
     }
 

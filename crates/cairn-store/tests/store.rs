@@ -824,7 +824,7 @@ fn database_files_are_checked() {
         Store::open(&foreign, options(4)),
         Err(StoreError::Config(_))
     ));
-    // A truncated database: SQLite reports it as corrupt or not a database; never a panic.
+    // A truncated database.
     let path = dir.path().join("trunc.db");
     let store = open(&path, 4);
     for i in 0..200 {
@@ -836,14 +836,32 @@ fn database_files_are_checked() {
             .unwrap();
     }
     store.close().unwrap();
+    let _ = std::fs::remove_dir_all(snapshot_dir(&path));
     let bytes = std::fs::read(&path).unwrap();
-    std::fs::write(&path, &bytes[..bytes.len() / 3]).unwrap();
-    let _ = std::fs::remove_file(dir.path().join("trunc.db-wal"));
-    match Store::open(&path, options(4)) {
-        Err(_) => {}
-        Ok(s) => {
-            // SQLite may open a truncated file lazily; reads must then fail cleanly.
-            let _ = s.scan(&Filter::all(), 0, 1000);
+    // Cut anywhere (mid-page and at page boundaries): the store refuses to open with a
+    // typed error; it never opens with rows silently missing.
+    for cut in [
+        100,
+        4096,
+        bytes.len() / 3,
+        bytes.len() / 2,
+        bytes.len() - 4096,
+        bytes.len() - 1,
+    ] {
+        std::fs::write(&path, &bytes[..cut]).unwrap();
+        let _ = std::fs::remove_file(dir.path().join("trunc.db-wal"));
+        match Store::open(&path, options(4)) {
+            Err(e) => assert!(
+                matches!(e, StoreError::NotADatabase { .. }),
+                "cut at {cut}: {e:?}"
+            ),
+            Ok(s) => {
+                // Only a cut inside unused space opens, and then every row is there, whole.
+                let rows = s.scan(&Filter::all(), 0, 1000).unwrap();
+                assert_eq!(rows.len(), 200, "cut at {cut}");
+                assert!(rows.iter().all(|m| m.content.ends_with("pad ")));
+                s.close().unwrap();
+            }
         }
     }
 }
@@ -1085,5 +1103,51 @@ fn crash_consistency_under_sigkill() {
         acked_m.len() > 500,
         "the child wrote {} memories",
         acked_m.len()
+    );
+}
+
+/// `check_index` passes on a store in use and reports rows changed behind the store's back.
+#[test]
+fn index_check_finds_rows_changed_behind_its_back() {
+    let dir = tmp();
+    let path = dir.path().join("c.db");
+    let store = open(&path, 4);
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        ids.push(
+            store
+                .insert(knowledge(&format!("k{i}")), vec![1.0, 0.0, 0.0, 0.0])
+                .unwrap()
+                .id,
+        );
+    }
+    store.delete(ids[3], DeletePolicy::Restrict).unwrap();
+    let check = store.check_index().unwrap();
+    assert!(check.is_consistent(), "{check:?}");
+    assert_eq!((check.rows, check.indexed), (49, 49));
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute(
+            "UPDATE memories SET level = 7 WHERE id = ?1",
+            [ids[5].as_bytes()],
+        )
+        .unwrap();
+    other
+        .execute("DELETE FROM memories WHERE id = ?1", [ids[6].as_bytes()])
+        .unwrap();
+    other
+        .execute(
+            "INSERT INTO memories (id, vid, kind, content, created_at, metadata, level, stale, model_id, embedding)
+             SELECT ?1, 100000, kind, content, created_at, metadata, level, stale, model_id, embedding
+             FROM memories WHERE id = ?2",
+            rusqlite::params![cairn_core::MemoryId::new().as_bytes(), ids[7].as_bytes()],
+        )
+        .unwrap();
+    let check = store.check_index().unwrap();
+    assert!(!check.is_consistent());
+    assert_eq!(
+        (check.missing, check.mismatched, check.orphaned),
+        (1, 1, 1),
+        "{check:?}"
     );
 }
