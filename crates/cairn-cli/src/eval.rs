@@ -27,6 +27,10 @@ pub struct Figures {
     pub mean_tokens: f64,
     /// Mean latency in milliseconds.
     pub mean_latency_ms: f64,
+    /// Median latency in milliseconds.
+    pub p50_latency_ms: f64,
+    /// 99th-percentile latency in milliseconds.
+    pub p99_latency_ms: f64,
 }
 
 /// The whole report.
@@ -49,7 +53,7 @@ struct Acc {
     full: f64,
     any: f64,
     tokens: f64,
-    ms: f64,
+    ms: Vec<f64>,
 }
 
 impl Acc {
@@ -62,7 +66,7 @@ impl Acc {
         }
         self.full += f64::from(u8::from(found == of));
         self.any += f64::from(u8::from(found > 0));
-        self.ms += took.as_secs_f64() * 1000.0;
+        self.ms.push(took.as_secs_f64() * 1000.0);
     }
 
     fn figures(&self) -> Figures {
@@ -74,9 +78,25 @@ impl Acc {
             full_hit: self.full / n,
             any_hit: self.any / n,
             mean_tokens: self.tokens / n,
-            mean_latency_ms: self.ms / n,
+            mean_latency_ms: self.ms.iter().sum::<f64>() / n,
+            p50_latency_ms: percentile(&self.ms, 0.5),
+            p99_latency_ms: percentile(&self.ms, 0.99),
         }
     }
+}
+
+/// The `p` quantile (nearest rank) of `values`; 0 when there are none.
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    v.get(((v.len().saturating_sub(1)) as f64 * p).round() as usize)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 fn dia(m: &MemoryUnit) -> Option<String> {
@@ -264,14 +284,20 @@ pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<R
 /// A Markdown table of the report.
 pub fn table(r: &Report) -> String {
     let mut s = format!(
-        "LoCoMo: {} conversations, budget {} tokens\n\n| strategy | evidence recall | full-hit | any-hit | mean tokens | mean latency (ms) |\n|---|---:|---:|---:|---:|---:|\n",
+        "LoCoMo: {} conversations, budget {} tokens\n\n| strategy | evidence recall | full-hit | any-hit | mean tokens | latency mean / p50 / p99 (ms) |\n|---|---:|---:|---:|---:|---:|\n",
         r.conversations, r.budget
     );
     for name in STRATEGIES {
         if let Some(f) = r.overall.get(name) {
             s.push_str(&format!(
-                "| {name} | {:.3} | {:.3} | {:.3} | {:.0} | {:.1} |\n",
-                f.evidence_recall, f.full_hit, f.any_hit, f.mean_tokens, f.mean_latency_ms
+                "| {name} | {:.3} | {:.3} | {:.3} | {:.0} | {:.1} / {:.1} / {:.1} |\n",
+                f.evidence_recall,
+                f.full_hit,
+                f.any_hit,
+                f.mean_tokens,
+                f.mean_latency_ms,
+                f.p50_latency_ms,
+                f.p99_latency_ms
             ));
         }
     }
