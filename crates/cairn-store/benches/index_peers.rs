@@ -17,8 +17,10 @@
 use std::path::Path;
 use std::time::Instant;
 
+use cairn_store::hnsw::Hnsw;
+use cairn_store::HnswParams;
 use cpu_time::ProcessTime;
-use hnsw_rs::prelude::{DistDot, Hnsw};
+use hnsw_rs::prelude::DistDot;
 
 /// A `.npy` file of little-endian `f4` or `i8` values: (rows, columns, values as f64 bits
 /// kept in their own type by the caller).
@@ -82,9 +84,116 @@ fn read_i64(path: &Path) -> Vec<Vec<usize>> {
         .collect()
 }
 
-fn graph(n: usize) -> Hnsw<'static, f32, DistDot> {
-    // The store's `HnswParams::default()`: M 16, max_layer 16, ef_construction 200.
-    Hnsw::new(16, n, 16, 200, DistDot {})
+/// Build figures: (label, wall s, CPU s).
+type Builds = Vec<(&'static str, f64, f64)>;
+
+fn cairn_graph(base: &[Vec<f32>], dim: usize) -> (Hnsw, Builds) {
+    // The store's `HnswParams::default()`: M 16, max_layer 16, ef_construction 200; the
+    // store's calls: reserve + link, one memory at a time or a batch on every core.
+    let params = HnswParams::default();
+    let mut g1 = Hnsw::new(dim, params);
+    let (w, c) = (Instant::now(), ProcessTime::now());
+    let serial = std::env::var_os("CAIRN_BENCH_BATCH_ONLY").is_none();
+    if serial {
+        for (i, v) in base.iter().enumerate() {
+            g1.insert(&[(i as u64, v.as_slice())], 1).unwrap();
+        }
+    }
+    let one = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
+    let mut g2 = Hnsw::new(dim, params);
+    let batch: Vec<(u64, &[f32])> = base
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (i as u64, v.as_slice()))
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (w, c) = (Instant::now(), ProcessTime::now());
+    g2.insert(&batch, threads).unwrap();
+    let two = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
+    if !serial {
+        return (g2, vec![("all cores, one batch", two.0, two.1)]);
+    }
+    drop(g2);
+    (
+        g1,
+        vec![
+            ("1 thread", one.0, one.1),
+            ("all cores, one batch", two.0, two.1),
+        ],
+    )
+}
+
+fn hnsw_rs_graph(base: &[Vec<f32>]) -> (hnsw_rs::hnsw::Hnsw<'static, f32, DistDot>, Builds) {
+    let new = || hnsw_rs::hnsw::Hnsw::new(16, base.len(), 16, 200, DistDot {});
+    let g1 = new();
+    let (w, c) = (Instant::now(), ProcessTime::now());
+    for (i, v) in base.iter().enumerate() {
+        g1.insert_slice((v.as_slice(), i));
+    }
+    let one = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
+    let g2 = new();
+    let batch: Vec<(&[f32], usize)> = base
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v.as_slice(), i))
+        .collect();
+    let (w, c) = (Instant::now(), ProcessTime::now());
+    g2.parallel_insert_slice(&batch);
+    let two = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
+    drop(g2);
+    (
+        g1,
+        vec![
+            ("1 thread", one.0, one.1),
+            ("all cores, one batch", two.0, two.1),
+        ],
+    )
+}
+
+fn report(
+    name: &str,
+    n: usize,
+    builds: &Builds,
+    queries: &[Vec<f32>],
+    gt: &[Vec<usize>],
+    search: impl Fn(&[f32], usize) -> Vec<usize>,
+) {
+    println!("\n### {name}\n");
+    println!("| build | wall (s) | CPU (s) | inserts/s (wall) | CPU µs per insert |");
+    println!("|---|---:|---:|---:|---:|");
+    for (label, wall, cpu) in builds {
+        println!(
+            "| {label} | {wall:.1} | {cpu:.1} | {:.0} | {:.1} |",
+            n as f64 / wall,
+            cpu * 1e6 / n as f64
+        );
+    }
+    println!(
+        "\n| ef_search | recall@10 | QPS 1 thread (wall) | QPS 1 thread (CPU) | µs per query (CPU) |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for ef in [16usize, 32, 64, 128, 256] {
+        // Warm-up, then every query once, timed.
+        for q in queries.iter().take(20) {
+            search(q, ef);
+        }
+        let (w, c) = (Instant::now(), ProcessTime::now());
+        let found: Vec<Vec<usize>> = queries.iter().map(|q| search(q, ef)).collect();
+        let (wall, cpu) = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
+        let hits: usize = found
+            .iter()
+            .zip(gt)
+            .map(|(f, g)| f.iter().filter(|id| g[..10].contains(id)).count())
+            .sum();
+        let nq = queries.len() as f64;
+        println!(
+            "| {ef} | {:.4} | {:.0} | {:.0} | {:.1} |",
+            hits as f64 / (nq * 10.0),
+            nq / wall,
+            nq / cpu,
+            cpu * 1e6 / nq
+        );
+    }
 }
 
 fn main() {
@@ -105,62 +214,30 @@ fn main() {
         dir.display(),
         queries.len()
     );
-
-    // One thread, one insert at a time.
-    let g1 = graph(n);
-    let (w, c) = (Instant::now(), ProcessTime::now());
-    for (i, v) in base.iter().enumerate() {
-        g1.insert_slice((v.as_slice(), i));
-    }
-    let (build1, cpu1) = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
-    // Both cores, one batch.
-    let g2 = graph(n);
-    let batch: Vec<(&[f32], usize)> = base
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (v.as_slice(), i))
-        .collect();
-    let (w, c) = (Instant::now(), ProcessTime::now());
-    g2.parallel_insert_slice(&batch);
-    let (build2, cpu2) = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
-    drop(g2);
-    println!("\n| build | wall (s) | CPU (s) | inserts/s (wall) | CPU µs per insert |");
-    println!("|---|---:|---:|---:|---:|");
-    for (name, wall, cpu) in [("1 thread", build1, cpu1), ("2 threads", build2, cpu2)] {
-        println!(
-            "| {name} | {wall:.1} | {cpu:.1} | {:.0} | {:.1} |",
-            n as f64 / wall,
-            cpu * 1e6 / n as f64
-        );
-    }
-
-    println!(
-        "\n| ef_search | recall@10 | QPS 1 thread (wall) | QPS 1 thread (CPU) | µs per query (CPU) |"
+    let (g, builds) = cairn_graph(&base, dim);
+    report(
+        "Cairn (cairn_store::hnsw)",
+        n,
+        &builds,
+        &queries,
+        &gt,
+        |q, ef| {
+            g.search(q, 10, ef, None)
+                .into_iter()
+                .map(|(l, _)| usize::try_from(l).unwrap())
+                .collect()
+        },
     );
-    println!("|---:|---:|---:|---:|---:|");
-    for ef in [16usize, 32, 64, 128, 256] {
-        // Warm-up, then every query once, timed.
-        for q in queries.iter().take(20) {
-            g1.search(q, 10, ef);
-        }
-        let (w, c) = (Instant::now(), ProcessTime::now());
-        let found: Vec<Vec<usize>> = queries
-            .iter()
-            .map(|q| g1.search(q, 10, ef).iter().map(|n| n.d_id).collect())
-            .collect();
-        let (wall, cpu) = (w.elapsed().as_secs_f64(), c.elapsed().as_secs_f64());
-        let hits: usize = found
-            .iter()
-            .zip(&gt)
-            .map(|(f, g)| f.iter().filter(|id| g[..10].contains(id)).count())
-            .sum();
-        let nq = queries.len() as f64;
-        println!(
-            "| {ef} | {:.4} | {:.0} | {:.0} | {:.1} |",
-            hits as f64 / (nq * 10.0),
-            nq / wall,
-            nq / cpu,
-            cpu * 1e6 / nq
+    drop(g);
+    if std::env::var_os("CAIRN_BENCH_HNSW_RS").is_some() {
+        let (g, builds) = hnsw_rs_graph(&base);
+        report(
+            "hnsw_rs 0.3.5 (the store's index before)",
+            n,
+            &builds,
+            &queries,
+            &gt,
+            |q, ef| g.search(q, 10, ef).iter().map(|n| n.d_id).collect(),
         );
     }
 }

@@ -6,20 +6,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cairn_core::MemoryKind;
-use hnsw_rs::api::AnnT;
-use hnsw_rs::prelude::{DistDot, FilterT, Hnsw, HnswIo};
 use serde::{Deserialize, Serialize};
 
+use crate::hnsw::Hnsw;
 use crate::{HnswParams, Result};
 
-/// Version of the snapshot layout (manifest + hnsw_rs dump files).
-pub const SNAPSHOT_FORMAT: u32 = 1;
-const BASENAME: &str = "index";
+/// Version of the snapshot layout (manifest + graph file). Version 1 held hnsw_rs dump
+/// files; such snapshots are rebuilt from SQLite.
+pub const SNAPSHOT_FORMAT: u32 = 2;
+const GRAPH_FILE: &str = "index.graph";
 const MANIFEST: &str = "manifest.json";
 
 /// What the filters need to know about a live entry.
@@ -30,30 +30,6 @@ pub(crate) struct Attr {
     pub created_at: i64,
     /// Interned thread; 0 = no thread.
     pub thread: u32,
-}
-
-type Graph<'a> = Hnsw<'a, f32, DistDot>;
-
-self_cell::self_cell!(
-    struct LoadedGraph {
-        owner: HnswIo,
-        #[not_covariant]
-        dependent: Graph,
-    }
-);
-
-enum GraphCell {
-    Built(Graph<'static>),
-    Loaded(LoadedGraph),
-}
-
-impl GraphCell {
-    fn with<R>(&self, f: impl for<'x> FnOnce(&Graph<'x>) -> R) -> R {
-        match self {
-            GraphCell::Built(g) => f(g),
-            GraphCell::Loaded(l) => l.with_dependent(|_, g| f(g)),
-        }
-    }
 }
 
 /// Attribute rows of live entries plus per-thread and per-kind counts.
@@ -166,8 +142,7 @@ pub struct IndexHealth {
 }
 
 struct GraphState {
-    cell: GraphCell,
-    points: usize,
+    graph: Hnsw,
     max_vid: usize,
     since_snapshot: usize,
 }
@@ -181,23 +156,16 @@ pub(crate) struct VectorIndex {
     attrs: RwLock<Attrs>,
 }
 
-fn new_graph(params: &HnswParams, capacity: usize) -> Graph<'static> {
-    // Parameters were validated by `HnswParams::validate`, so `Hnsw::new` cannot exit.
-    Hnsw::new(
-        params.m,
-        capacity.max(1_000),
-        params.max_layer,
-        params.ef_construction,
-        DistDot {},
-    )
-}
-
 fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
 }
 
 fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// One entry to index.
@@ -208,16 +176,26 @@ pub(crate) struct Entry<'a> {
 }
 
 impl VectorIndex {
-    pub fn empty(params: HnswParams, model_id: &str, dim: usize, capacity: usize) -> Self {
+    pub fn empty(params: HnswParams, model_id: &str, dim: usize) -> Self {
+        Self::with_graph(params, model_id, dim, Hnsw::new(dim, params), 0, 0)
+    }
+
+    fn with_graph(
+        params: HnswParams,
+        model_id: &str,
+        dim: usize,
+        graph: Hnsw,
+        max_vid: usize,
+        since_snapshot: usize,
+    ) -> Self {
         Self {
             params,
             model_id: model_id.to_owned(),
             dim,
             graph: RwLock::new(GraphState {
-                cell: GraphCell::Built(new_graph(&params, capacity)),
-                points: 0,
-                max_vid: 0,
-                since_snapshot: 0,
+                graph,
+                max_vid,
+                since_snapshot,
             }),
             attrs: RwLock::new(Attrs::default()),
         }
@@ -236,34 +214,35 @@ impl VectorIndex {
         write_lock(&self.attrs).intern(thread)
     }
 
-    /// Adds entries to the graph (in parallel for batches) and marks them live.
+    /// Adds entries to the graph (batches linked in parallel) and marks them live. Searches
+    /// go on while the new nodes are linked; they are filtered out until marked live.
+    ///
+    /// Vectors were checked by the store, so the graph cannot refuse them; if it did, the
+    /// entries stay out of the index (reported, and found missing by `Store::check_index`
+    /// and caught up at the next open).
     pub fn insert(&self, entries: &[Entry<'_>]) {
         if entries.is_empty() {
             return;
         }
-        {
+        let items: Vec<(u64, &[f32])> = entries.iter().map(|e| (e.vid as u64, e.vector)).collect();
+        let nodes = {
             let mut g = write_lock(&self.graph);
-            // Only the writer thread inserts, so the counters are exact.
-            g.points += entries.len();
-            g.since_snapshot += entries.len();
-            g.max_vid = g
-                .max_vid
-                .max(entries.iter().map(|e| e.vid).max().unwrap_or(0));
-        }
-        {
-            let g = read_lock(&self.graph);
-            g.cell.with(|graph| {
-                if entries.len() >= 32 {
-                    let batch: Vec<(&[f32], usize)> =
-                        entries.iter().map(|e| (e.vector, e.vid)).collect();
-                    graph.parallel_insert_slice(&batch);
-                } else {
-                    for e in entries {
-                        graph.insert_slice((e.vector, e.vid));
-                    }
+            match g.graph.reserve(&items) {
+                Ok(nodes) => {
+                    // Only the writer thread inserts, so the counters are exact.
+                    g.since_snapshot += entries.len();
+                    g.max_vid = g
+                        .max_vid
+                        .max(entries.iter().map(|e| e.vid).max().unwrap_or(0));
+                    nodes
                 }
-            });
-        }
+                Err(e) => {
+                    tracing::error!(error = %e, entries = entries.len(), "vector index refused entries");
+                    return;
+                }
+            }
+        };
+        read_lock(&self.graph).graph.link(nodes, threads());
         let mut a = write_lock(&self.attrs);
         for e in entries {
             a.add(e.vid, e.attr);
@@ -287,13 +266,24 @@ impl VectorIndex {
     pub fn health(&self) -> IndexHealth {
         let g = read_lock(&self.graph);
         let live = read_lock(&self.attrs).map.len();
+        let points = g.graph.len();
         IndexHealth {
-            points: g.points,
+            points,
             live,
-            tombstones: g.points.saturating_sub(live),
+            tombstones: points.saturating_sub(live),
             unsnapshotted: g.since_snapshot,
             max_vid: g.max_vid,
         }
+    }
+
+    /// Labels of every node in the graph (live and deleted).
+    pub fn graph_vids(&self) -> Vec<usize> {
+        read_lock(&self.graph)
+            .graph
+            .labels()
+            .iter()
+            .map(|l| usize::try_from(*l).unwrap_or(usize::MAX))
+            .collect()
     }
 
     /// Approximate nearest neighbours among live entries admitted by `admit`, best first, as
@@ -308,47 +298,53 @@ impl VectorIndex {
         let g = read_lock(&self.graph);
         let attrs = read_lock(&self.attrs);
         let ef = ef.max(k);
-        let tombstones = g.points > attrs.map.len();
-        let found = g.cell.with(|graph| match admit {
-            None if !tombstones => graph.search(query, k, ef),
-            None => {
-                let f = |id: &usize| attrs.map.contains_key(id);
-                graph.search_filter(query, k, ef, Some(&f as &dyn FilterT))
-            }
-            Some(admit) => {
-                let f = |id: &usize| attrs.map.get(id).is_some_and(admit);
-                graph.search_filter(query, k, ef, Some(&f as &dyn FilterT))
-            }
-        });
+        let vid = |l: u64| usize::try_from(l).unwrap_or(usize::MAX);
+        // Nodes not (yet, or no longer) live are filtered out; with none, no filter runs.
+        let all_live = g.graph.len() == attrs.map.len();
+        let live = |l: u64| attrs.map.contains_key(&vid(l));
+        let filtered = |l: u64| {
+            attrs
+                .map
+                .get(&vid(l))
+                .is_some_and(|a| admit.is_some_and(|f| f(a)))
+        };
+        let found = match admit {
+            None if all_live => g.graph.search(query, k, ef, None),
+            None => g.graph.search(query, k, ef, Some(&live)),
+            Some(_) => g.graph.search(query, k, ef, Some(&filtered)),
+        };
         found
             .into_iter()
-            .filter(|n| attrs.map.contains_key(&n.d_id))
-            .map(|n| (n.d_id, 1.0 - n.distance))
+            .filter(|(l, _)| live(*l))
+            .map(|(l, d)| (vid(l), 1.0 - d))
             .collect()
     }
 
     /// Replaces the graph with a fresh one holding `entries` (a rebuild).
     pub fn replace_with(&self, entries: &[Entry<'_>]) {
-        let fresh = new_graph(&self.params, entries.len());
-        for chunk in entries.chunks(4096) {
-            let batch: Vec<(&[f32], usize)> = chunk.iter().map(|e| (e.vector, e.vid)).collect();
-            fresh.parallel_insert_slice(&batch);
+        let mut fresh = Hnsw::new(self.dim, self.params);
+        let items: Vec<(u64, &[f32])> = entries.iter().map(|e| (e.vid as u64, e.vector)).collect();
+        if let Err(e) = fresh.insert(&items, threads()) {
+            tracing::error!(error = %e, "vector index rebuild refused its entries");
         }
         let mut attrs = Attrs::default();
         {
             let old = read_lock(&self.attrs);
             attrs.threads = old.threads.clone();
         }
+        let indexed: HashSet<u64> = fresh.labels().iter().copied().collect();
         for e in entries {
-            attrs.add(e.vid, e.attr);
+            if indexed.contains(&(e.vid as u64)) {
+                attrs.add(e.vid, e.attr);
+            }
         }
         let mut g = write_lock(&self.graph);
         let mut a = write_lock(&self.attrs);
+        let points = fresh.len();
         *g = GraphState {
-            cell: GraphCell::Built(fresh),
-            points: entries.len(),
+            graph: fresh,
             max_vid: entries.iter().map(|e| e.vid).max().unwrap_or(0),
-            since_snapshot: entries.len(),
+            since_snapshot: points,
         };
         *a = attrs;
     }
@@ -356,24 +352,16 @@ impl VectorIndex {
     /// Sets the live attributes after loading a snapshot; returns the vids that are live in
     /// SQLite but missing from the graph (to be inserted).
     pub fn adopt_live(&self, live: Vec<(usize, Attr)>) -> Vec<usize> {
-        let g = read_lock(&self.graph);
-        // hnsw_rs's point iterator panics on a graph without an entry point.
-        let indexed: HashSet<usize> = if g.points == 0 {
-            HashSet::new()
-        } else {
-            g.cell.with(|graph| {
-                graph
-                    .get_point_indexation()
-                    .into_iter()
-                    .map(|p| p.get_origin_id())
-                    .collect()
-            })
-        };
-        drop(g);
+        let indexed: HashSet<u64> = read_lock(&self.graph)
+            .graph
+            .labels()
+            .iter()
+            .copied()
+            .collect();
         let mut a = write_lock(&self.attrs);
         let mut missing = Vec::new();
         for (vid, attr) in live {
-            if indexed.contains(&vid) {
+            if indexed.contains(&(vid as u64)) {
                 a.add(vid, attr);
             } else {
                 missing.push(vid);
@@ -383,6 +371,7 @@ impl VectorIndex {
     }
 
     /// Writes the snapshot directory `dir` atomically (temporary directory, then rename).
+    /// Searches go on meanwhile; only the writer thread changes the graph.
     pub fn snapshot(&self, dir: &Path) -> Result<()> {
         let parent = dir.parent().unwrap_or(Path::new("."));
         let name = dir
@@ -395,39 +384,38 @@ impl VectorIndex {
             fs::remove_dir_all(&tmp)?;
         }
         fs::create_dir_all(&tmp)?;
-        let mut g = write_lock(&self.graph);
-        let deleted = g.points.saturating_sub(read_lock(&self.attrs).map.len());
-        let mut files = Vec::new();
-        // hnsw_rs cannot dump an empty graph: an empty snapshot is a manifest alone.
-        if g.points > 0 {
-            let dumped = g.cell.with(|graph| graph.file_dump(&tmp, BASENAME));
-            let basename = dumped.map_err(|e| std::io::Error::other(format!("index dump: {e}")))?;
-            for suffix in ["hnsw.graph", "hnsw.data"] {
-                let file = format!("{basename}.{suffix}");
-                let (len, crc) = checksum(&tmp.join(&file))?;
-                files.push((file, len, crc));
+        let manifest = {
+            let g = read_lock(&self.graph);
+            let points = g.graph.len();
+            let deleted = points.saturating_sub(read_lock(&self.attrs).map.len());
+            let path = tmp.join(GRAPH_FILE);
+            let file = fs::File::create(&path)?;
+            let mut w = BufWriter::with_capacity(1 << 20, CrcWriter::new(file));
+            g.graph.write_to(&mut w).map_err(|e| match e {
+                crate::hnsw::HnswError::Io(e) => e,
+                other => std::io::Error::other(other.to_string()),
+            })?;
+            let cw = w.into_inner().map_err(|e| e.into_error())?;
+            let (file, len, crc) = cw.finish();
+            file.sync_all()?;
+            Manifest {
+                format_version: SNAPSHOT_FORMAT,
+                model_id: self.model_id.clone(),
+                dim: self.dim,
+                m: self.params.m,
+                ef_construction: self.params.ef_construction,
+                max_layer: self.params.max_layer,
+                max_vid: g.max_vid,
+                points,
+                deleted,
+                files: vec![(GRAPH_FILE.to_owned(), len, crc)],
             }
-        }
-        let manifest = Manifest {
-            format_version: SNAPSHOT_FORMAT,
-            model_id: self.model_id.clone(),
-            dim: self.dim,
-            m: self.params.m,
-            ef_construction: self.params.ef_construction,
-            max_layer: self.params.max_layer,
-            max_vid: g.max_vid,
-            points: g.points,
-            deleted,
-            files,
         };
         let json = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
         let mut f = fs::File::create(tmp.join(MANIFEST))?;
         f.write_all(&json)?;
         f.sync_all()?;
-        for (file, _, _) in &manifest.files {
-            fs::File::open(tmp.join(file))?.sync_all()?;
-        }
         if dir.exists() {
             fs::rename(dir, &old)?;
         }
@@ -438,7 +426,7 @@ impl VectorIndex {
         if let Ok(d) = fs::File::open(parent) {
             let _ = d.sync_all();
         }
-        g.since_snapshot = 0;
+        write_lock(&self.graph).since_snapshot = 0;
         Ok(())
     }
 
@@ -470,74 +458,102 @@ impl VectorIndex {
         {
             return Err("snapshot made with other HNSW parameters".into());
         }
-        if m.points == 0 && m.files.is_empty() {
-            return Ok(Self::empty(params, model_id, dim, 0));
-        }
-        if m.files.len() != 2 {
+        let [(file, len, crc)] = m.files.as_slice() else {
             return Err("manifest lists the wrong files".into());
-        }
-        let mut basename = None;
-        for (file, len, crc) in &m.files {
-            if file.contains('/') || file.contains('\\') || file.contains("..") {
-                return Err("manifest names a file outside the snapshot".into());
-            }
-            let got = checksum(&dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
-            if got != (*len, *crc) {
-                return Err(format!(
-                    "{file} is truncated or corrupt (checksum mismatch)"
-                ));
-            }
-            basename = file
-                .strip_suffix(".hnsw.graph")
-                .map(str::to_owned)
-                .or(basename);
-        }
-        let basename = basename.ok_or("manifest lists no graph file")?;
-        let io = HnswIo::new(dir, &basename);
-        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            LoadedGraph::try_new(io, |io| io.load_hnsw_with_dist::<f32, DistDot>(DistDot {}))
-        }));
-        let loaded = match loaded {
-            Ok(Ok(l)) => l,
-            Ok(Err(e)) => return Err(format!("hnsw load failed ({e})")),
-            Err(_) => return Err("hnsw load panicked on a damaged file".into()),
         };
-        let points = loaded.with_dependent(|_, g| g.get_nb_point());
-        if points != m.points {
+        if file != GRAPH_FILE {
+            return Err(format!("manifest names an unknown file {file:?}"));
+        }
+        let f = fs::File::open(dir.join(GRAPH_FILE)).map_err(|e| format!("{file}: {e}"))?;
+        let mut r = CrcReader::new(BufReader::with_capacity(1 << 20, f));
+        let graph = Hnsw::read_from(&mut r, dim, params);
+        let (got_len, got_crc) = r.finish();
+        if (got_len, got_crc) != (*len, *crc) {
             return Err(format!(
-                "snapshot holds {points} points, manifest says {}",
+                "{file} is truncated or corrupt (checksum mismatch)"
+            ));
+        }
+        let graph = graph.map_err(|e| format!("{file}: {e}"))?;
+        if graph.len() != m.points {
+            return Err(format!(
+                "snapshot holds {} points, manifest says {}",
+                graph.len(),
                 m.points
             ));
         }
-        Ok(Self {
-            params,
-            model_id: model_id.to_owned(),
-            dim,
-            graph: RwLock::new(GraphState {
-                cell: GraphCell::Loaded(loaded),
-                points,
-                max_vid: m.max_vid,
-                since_snapshot: 0,
-            }),
-            attrs: RwLock::new(Attrs::default()),
-        })
+        Ok(Self::with_graph(params, model_id, dim, graph, m.max_vid, 0))
     }
 }
 
-fn checksum(path: &Path) -> std::io::Result<(u64, u32)> {
-    let mut f = fs::File::open(path)?;
-    let mut h = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut len = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
+/// A writer that counts and checksums what passes through it.
+struct CrcWriter<W> {
+    inner: W,
+    len: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl<W> CrcWriter<W> {
+    fn new(inner: W) -> Self {
+        Self {
+            inner,
+            len: 0,
+            crc: crc32fast::Hasher::new(),
         }
-        len += n as u64;
-        h.update(&buf[..n]);
     }
-    Ok((len, h.finalize()))
+
+    fn finish(self) -> (W, u64, u32) {
+        (self.inner, self.len, self.crc.finalize())
+    }
+}
+
+impl<W: Write> Write for CrcWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A reader that counts and checksums what passes through it (reading on to the end of the
+/// file when finished, so trailing bytes count).
+struct CrcReader<R> {
+    inner: R,
+    len: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl<R: Read> CrcReader<R> {
+    fn new(inner: R) -> Self {
+        Self {
+            inner,
+            len: 0,
+            crc: crc32fast::Hasher::new(),
+        }
+    }
+
+    fn finish(mut self) -> (u64, u32) {
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = self.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+        }
+        (self.len, self.crc.finalize())
+    }
+}
+
+impl<R: Read> Read for CrcReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
 }
 
 /// The snapshot directory for a database file: `<db>.hnsw` beside it.

@@ -34,6 +34,7 @@
 //! ```
 
 mod error;
+pub mod hnsw;
 mod index;
 mod options;
 mod rows;

@@ -279,7 +279,7 @@ impl Store {
             match VectorIndex::load(&snap, options.hnsw, &options.model_id, options.dim) {
                 Ok(index) => (index, None),
                 Err(why) => {
-                    let empty = VectorIndex::empty(options.hnsw, &options.model_id, options.dim, 0);
+                    let empty = VectorIndex::empty(options.hnsw, &options.model_id, options.dim);
                     (empty, Some(why))
                 }
             };
@@ -1066,6 +1066,7 @@ impl Store {
         self.write(|conn, shared| {
             // `live_rows` may intern new thread names: it runs before the read lock.
             let rows = live_rows(conn, &shared.index)?;
+            let in_graph: HashSet<usize> = shared.index.graph_vids().into_iter().collect();
             let attrs = shared.index.attrs();
             let mut check = IndexCheck {
                 rows: rows.len(),
@@ -1074,7 +1075,9 @@ impl Store {
             };
             for (vid, row) in &rows {
                 match attrs.map.get(vid) {
+                    // Marked live but absent from the graph: no search would find it.
                     None => check.missing += 1,
+                    Some(_) if !in_graph.contains(vid) => check.missing += 1,
                     Some(entry) if entry != row => check.mismatched += 1,
                     Some(_) => {}
                 }

@@ -176,32 +176,44 @@ fn damaged_snapshots_are_rebuilt() {
     }
     store.close().unwrap();
     let snap = snapshot_dir(&path);
-    let data = std::fs::read_dir(&snap)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".hnsw.data"))
-        .unwrap();
-    let graph = data.with_extension("graph");
-    let original = std::fs::read(&data).unwrap();
+    let graph = snap.join("index.graph");
+    let original = std::fs::read(&graph).unwrap();
     let manifest = std::fs::read(snap.join("manifest.json")).unwrap();
     let damage: Vec<(&str, Box<dyn Fn()>)> = vec![
         (
-            "truncated data",
-            Box::new(|| std::fs::write(&data, &original[..original.len() / 2]).unwrap()),
+            "truncated graph",
+            Box::new(|| std::fs::write(&graph, &original[..original.len() / 2]).unwrap()),
         ),
         (
-            "garbage data",
+            "garbage graph",
             Box::new(|| {
                 let mut g = original.clone();
                 for b in g.iter_mut().skip(16).step_by(7) {
                     *b ^= 0x5a;
                 }
-                std::fs::write(&data, g).unwrap()
+                std::fs::write(&graph, g).unwrap()
             }),
         ),
         (
-            "garbage graph",
+            "not a graph",
             Box::new(|| std::fs::write(&graph, b"not a graph").unwrap()),
+        ),
+        (
+            "graph with trailing bytes",
+            Box::new(|| {
+                let mut g = original.clone();
+                g.extend_from_slice(&[0; 8]);
+                std::fs::write(&graph, g).unwrap()
+            }),
+        ),
+        (
+            "format 1 (hnsw_rs dump files)",
+            Box::new(|| {
+                let m = String::from_utf8(manifest.clone())
+                    .unwrap()
+                    .replace("\"format_version\": 2", "\"format_version\": 1");
+                std::fs::write(snap.join("manifest.json"), m).unwrap()
+            }),
         ),
         (
             "missing manifest",
@@ -212,7 +224,7 @@ fn damaged_snapshots_are_rebuilt() {
             Box::new(|| {
                 let m = String::from_utf8(manifest.clone())
                     .unwrap()
-                    .replace("\"format_version\": 1", "\"format_version\": 99");
+                    .replace("\"format_version\": 2", "\"format_version\": 99");
                 std::fs::write(snap.join("manifest.json"), m).unwrap()
             }),
         ),
