@@ -2,7 +2,8 @@
 //! latency with and without a thread filter, expansion, reopen from the snapshot versus a
 //! rebuild from SQLite, peak memory.
 //!
-//! `cargo bench -p cairn-store --bench store_e2e` (sizes: `CAIRN_BENCH_SIZES=10000,100000`).
+//! `cargo bench -p cairn-store --bench store_e2e` (sizes: `CAIRN_BENCH_SIZES=10000,100000`;
+//! `CAIRN_BENCH_NO_REBUILD=1` skips the rebuild, the longest step at a million).
 
 #![allow(
     clippy::unwrap_used,
@@ -49,8 +50,8 @@ fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
-    println!("| memories | batched insert (mem/s) | single insert (mem/s) | search p50 / p99 (ms) | thread-filtered p50 / p99 (ms) | expand 20 (ms) | reopen from snapshot (s) | rebuild from SQLite (s) | peak RSS (MiB) |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| memories | batched insert (mem/s) | single insert (mem/s) | search p50 / p99 (ms) | thread-filtered p50 / p99 (ms) | expand 20 (ms) | reopen from snapshot (s) | rebuild from SQLite (s) | peak RSS (MiB) | database (MiB) | snapshot (MiB) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let mut rng = StdRng::seed_from_u64(n as u64);
         let clusters = Clusters::new(&mut rng, 500, 0.06);
@@ -123,14 +124,32 @@ fn main() {
         let reopen = t.elapsed().as_secs_f64();
         assert_eq!(reopened.stats().unwrap().rebuilds, 0);
         drop(reopened);
-        std::fs::remove_dir_all(snapshot_dir(&path)).unwrap();
-        let t = Instant::now();
-        let rebuilt = Store::open(&path, StoreOptions::new("bench", DIM)).unwrap();
-        let rebuild = t.elapsed().as_secs_f64();
-        assert_eq!(rebuilt.stats().unwrap().rebuilds, 1);
-        drop(rebuilt);
+        let mib = |p: &std::path::Path| -> f64 {
+            let meta = std::fs::metadata(p).unwrap();
+            let bytes = if meta.is_dir() {
+                std::fs::read_dir(p)
+                    .unwrap()
+                    .map(|e| e.unwrap().metadata().unwrap().len())
+                    .sum()
+            } else {
+                meta.len()
+            };
+            bytes as f64 / (1024.0 * 1024.0)
+        };
+        let (db_mib, snap_mib) = (mib(&path), mib(&snapshot_dir(&path)));
+        let rebuild = if std::env::var_os("CAIRN_BENCH_NO_REBUILD").is_some() {
+            f64::NAN
+        } else {
+            std::fs::remove_dir_all(snapshot_dir(&path)).unwrap();
+            let t = Instant::now();
+            let rebuilt = Store::open(&path, StoreOptions::new("bench", DIM)).unwrap();
+            let rebuild = t.elapsed().as_secs_f64();
+            assert_eq!(rebuilt.stats().unwrap().rebuilds, 1);
+            drop(rebuilt);
+            rebuild
+        };
         println!(
-            "| {n} | {batched:.0} | {single:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} | {reopen:.2} | {rebuild:.1} | {rss:.0} |",
+            "| {n} | {batched:.0} | {single:.0} | {:.3} / {:.3} | {:.3} / {:.3} | {:.3} | {reopen:.2} | {rebuild:.1} | {rss:.0} | {db_mib:.0} | {snap_mib:.0} |",
             pct(plain.clone(), 0.5),
             pct(plain, 0.99),
             pct(filtered.clone(), 0.5),

@@ -36,7 +36,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering as Mem};
@@ -219,6 +219,8 @@ pub struct Hnsw {
     codes: Vec<i8>,
     scales: Vec<f32>,
     labels: Vec<u64>,
+    /// Label → node, for exact scores of chosen labels.
+    nodes: HashMap<u64, u32>,
     levels: Vec<u8>,
     /// Layer 0: per node `[count, id; 2M]`.
     links0: Vec<AtomicU32>,
@@ -257,6 +259,7 @@ impl Hnsw {
             codes: Vec::new(),
             scales: Vec::new(),
             labels: Vec::new(),
+            nodes: HashMap::new(),
             levels: Vec::new(),
             links0: Vec::new(),
             upper: Vec::new(),
@@ -294,6 +297,7 @@ impl Hnsw {
             + self.codes.capacity()
             + self.scales.capacity() * 4
             + self.labels.capacity() * 8
+            + self.nodes.capacity() * 16
             + self.levels.capacity()
             + self.links0.capacity() * 4
             + self.upper.iter().map(|b| b.len() * 4 + 16).sum::<usize>()
@@ -342,6 +346,7 @@ impl Hnsw {
         }
         for (label, v) in items {
             let level = self.level_for(*label);
+            self.nodes.insert(*label, self.labels.len() as u32);
             self.labels.push(*label);
             self.levels.push(level as u8);
             self.vectors.extend_from_slice(v);
@@ -519,10 +524,18 @@ impl Hnsw {
                 break;
             }
             self.neighbours(c.id, level, &mut ids);
-            for &n in &ids {
-                if !s.visit(n) {
-                    continue;
+            // First the unvisited neighbours, touching each code so that their cache misses
+            // overlap (the role of hnswlib's prefetch), then their distances.
+            let mut fresh = 0;
+            for i in 0..ids.len() {
+                let n = ids[i];
+                if s.visit(n) {
+                    ids[fresh] = n;
+                    fresh += 1;
+                    std::hint::black_box(self.codes.get(n as usize * self.dim));
                 }
+            }
+            for &n in &ids[..fresh] {
                 let d = self.adist(q, n);
                 if s.top.len() < ef || d < bound {
                     s.cand.push(Reverse(Cand { d, id: n }));
@@ -742,9 +755,13 @@ impl Hnsw {
         }
         s.ids = ids;
         self.search_layer(qc, &[Cand { d, id: ep }], 0, ef, admit, &mut s);
-        // Re-rank the candidates with the f32 vectors.
-        let mut found: Vec<Cand> = Vec::with_capacity(s.top.len());
-        for c in s.top.drain() {
+        // Re-rank the best candidates with the f32 vectors: the true top k sits well inside
+        // the approximate top 3k (int8 distances are off by about 1e-3).
+        let mut approx: Vec<Cand> = s.top.drain().collect();
+        approx.sort_unstable();
+        approx.truncate((3 * k).max(32));
+        let mut found: Vec<Cand> = Vec::with_capacity(approx.len());
+        for c in approx {
             found.push(Cand {
                 d: self.dist(q, c.id),
                 id: c.id,
@@ -777,6 +794,45 @@ impl Hnsw {
             k,
             admit,
         })
+    }
+
+    /// The node holding `label`, if any.
+    pub fn contains(&self, label: u64) -> bool {
+        self.nodes.contains_key(&label)
+    }
+
+    /// Exact nearest neighbours among the nodes holding `labels`, as [`Self::search`]
+    /// returns them; `None` when a label is not in the graph.
+    pub fn exact_among(&self, query: &[f32], k: usize, labels: &[u64]) -> Option<Vec<(u64, f32)>> {
+        let mut nodes = Vec::with_capacity(labels.len());
+        for l in labels {
+            nodes.push(*self.nodes.get(l)?);
+        }
+        if query.len() != self.dim || k == 0 {
+            return Some(Vec::new());
+        }
+        Some(self.arch.dispatch(AmongOp {
+            g: self,
+            q: query,
+            k,
+            nodes: &nodes,
+        }))
+    }
+
+    #[inline(always)]
+    fn among_inner(&self, query: &[f32], k: usize, nodes: &[u32]) -> Vec<(u64, f32)> {
+        let mut all: Vec<Cand> = Vec::with_capacity(nodes.len());
+        for &n in nodes {
+            all.push(Cand {
+                d: self.dist(query, n),
+                id: n,
+            });
+        }
+        all.sort_unstable();
+        all.truncate(k);
+        all.into_iter()
+            .filter_map(|c| self.labels.get(c.id as usize).map(|l| (*l, c.d)))
+            .collect()
     }
 
     #[inline(always)]
@@ -871,6 +927,12 @@ impl Hnsw {
             return Err(bad(format!("{n} nodes")));
         }
         g.labels = read_u64s(r, n)?;
+        g.nodes = g
+            .labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (*l, i as u32))
+            .collect();
         g.levels = read_pod(r, n, |x: u8| x)?;
         if g.levels.iter().any(|l| *l as usize >= g.max_layer) {
             return Err(bad("node level above the layer count".into()));
@@ -965,6 +1027,22 @@ impl pulp::WithSimd for ExactOp<'_> {
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
         self.g.exact_inner(self.q, self.k, self.admit)
+    }
+}
+
+struct AmongOp<'a> {
+    g: &'a Hnsw,
+    q: &'a [f32],
+    k: usize,
+    nodes: &'a [u32],
+}
+
+impl pulp::WithSimd for AmongOp<'_> {
+    type Output = Vec<(u64, f32)>;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
+        self.g.among_inner(self.q, self.k, self.nodes)
     }
 }
 
@@ -1157,6 +1235,17 @@ mod tests {
         assert!(r > 0.9, "filtered recall {r}");
         let none = |_: u64| false;
         assert!(g.search(&queries[0], 5, 64, Some(&none)).is_empty());
+    }
+
+    #[test]
+    fn exact_among_scores_just_those_labels() {
+        let (g, data) = build(500, 8, 1, 11);
+        let labels: Vec<u64> = (0..500u64).step_by(5).map(|i| i * 3 + 7).collect();
+        let admit = |l: u64| (l - 7) % 15 == 0;
+        let want = g.exact(&data[3], 7, Some(&admit));
+        assert_eq!(g.exact_among(&data[3], 7, &labels), Some(want));
+        assert!(g.contains(7) && !g.contains(8));
+        assert_eq!(g.exact_among(&data[3], 7, &[7, 8]), None);
     }
 
     #[test]

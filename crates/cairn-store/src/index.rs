@@ -320,6 +320,26 @@ impl VectorIndex {
             .collect()
     }
 
+    /// Exact nearest neighbours among `vids` (best first, as (vid, similarity)), scored on
+    /// the graph's vectors; `None` when one of them is not in the graph (yet).
+    pub fn exact_among(
+        &self,
+        query: &[f32],
+        k: usize,
+        vids: &[usize],
+    ) -> Option<Vec<(usize, f32)>> {
+        let labels: Vec<u64> = vids.iter().map(|v| *v as u64).collect();
+        let found = read_lock(&self.graph)
+            .graph
+            .exact_among(query, k, &labels)?;
+        Some(
+            found
+                .into_iter()
+                .map(|(l, d)| (usize::try_from(l).unwrap_or(usize::MAX), 1.0 - d))
+                .collect(),
+        )
+    }
+
     /// Replaces the graph with a fresh one holding `entries` (a rebuild).
     pub fn replace_with(&self, entries: &[Entry<'_>]) {
         let mut fresh = Hnsw::new(self.dim, self.params);

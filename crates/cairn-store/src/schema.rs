@@ -5,10 +5,11 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE store_meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -52,7 +53,14 @@ CREATE VIRTUAL TABLE memories_fts USING fts5 (
     content_rowid = 'rid',
     tokenize = 'porter unicode61 remove_diacritics 2'
 );
-"#];
+"#,
+    // 2: the thread index covers what a filtered exact scan needs (kind, level, vid), so
+    // scanning a thread reads the index alone instead of one table page per row.
+    r#"
+DROP INDEX memories_thread_time;
+CREATE INDEX memories_thread_time ON memories (thread_id, created_at, kind, level, vid);
+"#,
+];
 
 /// Applies connection settings: WAL, busy timeout, foreign keys, synchronous level.
 pub fn configure(conn: &Connection, synchronous_full: bool) -> Result<()> {

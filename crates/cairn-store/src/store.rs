@@ -962,6 +962,23 @@ impl Store {
 
     fn exact_scan(&self, q: &[f32], k: usize, filter: &Filter) -> Result<Vec<(usize, f32)>> {
         let (cond, args) = filter.sql();
+        // The admitted rows' vids from SQLite, scored on the index's vectors; rows the index
+        // does not hold yet (committed a moment ago) send the scan to the stored embeddings.
+        let vids = self.read(|c| {
+            let mut stmt =
+                c.prepare_cached(&format!("SELECT m.vid FROM memories m WHERE 1 = 1{cond}"))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                r.get::<_, i64>(0)
+            })?;
+            let mut out = Vec::new();
+            for vid in rows {
+                out.push(vid_usize(vid?));
+            }
+            Ok(out)
+        })?;
+        if let Some(found) = self.inner.shared.index.exact_among(q, k, &vids) {
+            return Ok(found);
+        }
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT m.vid, m.embedding FROM memories m WHERE 1 = 1{cond}"

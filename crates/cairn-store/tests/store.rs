@@ -809,6 +809,54 @@ fn recent_returns_newest_oldest_first() {
 }
 
 #[test]
+fn version_1_databases_are_migrated() {
+    let dir = tmp();
+    let path = dir.path().join("v1.db");
+    let store = open(&path, 4);
+    let t = ThreadId::new("t").unwrap();
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut ids = Vec::new();
+    let mut vecs = Vec::new();
+    for i in 0..50 {
+        let m = NewMemory::conversational(t.clone(), Role::User, format!("turn {i}"));
+        vecs.push(random_unit(&mut rng, 4));
+        ids.push(store.insert(m, vecs[i].clone()).unwrap().id);
+    }
+    store.close().unwrap();
+    // Put the file back to schema 1: the thread index without its covered columns.
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "DROP INDEX memories_thread_time;
+             CREATE INDEX memories_thread_time ON memories (thread_id, created_at);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let store = open(&path, 4);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, cairn_store::SCHEMA_VERSION);
+    let cols: Vec<String> = c
+        .prepare("SELECT name FROM pragma_index_info('memories_thread_time') ORDER BY seqno")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(cols, ["thread_id", "created_at", "kind", "level", "vid"]);
+    let all = store.recent(&Filter::all().thread(t.clone()), 100).unwrap();
+    assert_eq!(all.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
+    let hits = store
+        .search_vector(vecs[7].clone(), 1, &Filter::all().thread(t), None)
+        .unwrap();
+    assert_eq!(hits[0].memory.id, ids[7]);
+    store.close().unwrap();
+}
+
+#[test]
 fn database_files_are_checked() {
     let dir = tmp();
     let garbage = dir.path().join("garbage.db");
