@@ -54,6 +54,13 @@ impl CachedEmbedder {
             .map_err(db_err)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(db_err)?;
+        // One plan whatever the bound values: SQLite built with STAT4 would re-prepare the
+        // look-up on every new key otherwise.
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+            true,
+        )
+        .map_err(db_err)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS embedding_cache (
                 model_id TEXT NOT NULL,

@@ -675,23 +675,45 @@ pub(crate) fn search_blocking(
     query: &str,
     options: &SearchOptions,
 ) -> Result<Vec<SearchHit>> {
+    search_blocking_with(inner, query, None, options)
+}
+
+/// [`search_blocking`] with the query's vector when the caller already has it (several
+/// searches for one query embed it once).
+pub(crate) fn search_blocking_with(
+    inner: &Inner,
+    query: &str,
+    vector: Option<Vec<f32>>,
+    options: &SearchOptions,
+) -> Result<Vec<SearchHit>> {
     options.filter.validate()?;
     if query.trim().is_empty() {
         return Err(cairn_core::InputError::EmptyContent.into());
     }
     let k = options.effective_k();
+    let embed = |vector: Option<Vec<f32>>| -> Result<Vec<f32>> {
+        match vector {
+            Some(v) => Ok(v),
+            None => Ok(inner.embedder.embed_one(query)?),
+        }
+    };
     let hits = match options.mode {
         SearchMode::Vector => {
-            let q = inner.embedder.embed_one(query)?;
+            let q = embed(vector)?;
             inner.store.search_vector(q, k, &options.filter, None)?
         }
         SearchMode::Keyword => inner.store.search_keyword(query, k, &options.filter)?,
         SearchMode::Hybrid => {
             let depth = (k * 3).max(30);
-            let q = inner.embedder.embed_one(query)?;
-            let v = inner.store.search_vector(q, depth, &options.filter, None)?;
-            let w = inner.store.search_keyword(query, depth, &options.filter)?;
-            fuse(&[v, w], k)
+            let q = embed(vector)?;
+            // Fused on index ids; only the winners' rows are read.
+            let v = inner
+                .store
+                .search_vector_ids(q, depth, &options.filter, None)?;
+            let w = inner
+                .store
+                .search_keyword_ids(query, depth, &options.filter)?;
+            inner.store.hits(fuse_ids(&[v, w], k))?
         }
     };
     Ok(match options.min_score {
@@ -704,6 +726,23 @@ pub(crate) fn search_blocking(
 pub fn fuse(lists: &[Vec<SearchHit>], k: usize) -> Vec<SearchHit> {
     let weighted: Vec<(Vec<SearchHit>, f32)> = lists.iter().map(|l| (l.clone(), 1.0)).collect();
     fuse_weighted(&weighted, k)
+}
+
+/// Reciprocal rank fusion of rankings of index ids (see `Store::search_vector_ids`): the
+/// fused score replaces each score; ties go to the lower id (the earlier insert).
+pub fn fuse_ids(lists: &[Vec<(u64, f32)>], k: usize) -> Vec<(u64, f32)> {
+    let mut scores: HashMap<u64, f32> = HashMap::new();
+    for list in lists {
+        for (rank, (id, _)) in list.iter().enumerate() {
+            #[allow(clippy::cast_precision_loss)]
+            let s = 1.0 / (RRF_K + rank as f32 + 1.0);
+            *scores.entry(*id).or_default() += s;
+        }
+    }
+    let mut fused: Vec<(u64, f32)> = scores.into_iter().collect();
+    fused.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    fused.truncate(k);
+    fused
 }
 
 /// Weighted reciprocal rank fusion: score = Σ weight / (RRF_K + rank).

@@ -47,7 +47,7 @@ pub use conversation::{
 pub use error::{HarnessError, Result};
 pub use extractive::{sentences, ExtractiveSummarizer};
 pub use harness::{
-    fuse, fuse_weighted, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness,
+    fuse, fuse_ids, fuse_weighted, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness,
     SearchHit, SearchMode, SearchOptions, SummaryTree, RRF_K,
 };
 pub use openai::{

@@ -104,8 +104,9 @@ pub struct StoreOptions {
     pub tombstone_ratio: f64,
     /// ... and at least this many. Default 1,000.
     pub tombstone_min: usize,
-    /// Snapshot the index after this many new index entries. Default 20,000; 0 = only on
-    /// close and on request.
+    /// Snapshot the index after this many new index entries, or a tenth of the index when
+    /// that is more (a snapshot rewrites the whole graph). Default 20,000; 0 = only on close
+    /// and on request.
     pub snapshot_every: usize,
     /// Searches whose filter admits at most this many memories (unfiltered ones: stores of
     /// at most this many) scan them exactly instead of walking the graph. Default 1,000.

@@ -125,6 +125,28 @@ pub(crate) fn query_units(
     Ok(rows.into_iter().map(|r| r.unit).collect())
 }
 
+/// [`query_units`] with one more integer column (`extra`, such as `", m.vid"`) returned
+/// beside each memory.
+pub(crate) fn query_units_with(
+    conn: &Connection,
+    extra: &str,
+    where_order: &str,
+    args: &[Value],
+) -> Result<Vec<(MemoryUnit, i64)>> {
+    let sql = format!("SELECT {COLS}{extra} FROM memories m {where_order}");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let n = COLS.split(',').count();
+    let mut rows: Vec<RawRow> = Vec::new();
+    let mut extras: Vec<i64> = Vec::new();
+    let mut q = stmt.query(rusqlite::params_from_iter(args.iter()))?;
+    while let Some(r) = q.next()? {
+        rows.push(decode(r)?);
+        extras.push(r.get(n)?);
+    }
+    attach_sources(conn, &mut rows)?;
+    Ok(rows.into_iter().map(|r| r.unit).zip(extras).collect())
+}
+
 /// The rowid of a memory id.
 pub(crate) fn rid_of(conn: &Connection, id: MemoryId) -> Result<i64> {
     conn.prepare_cached("SELECT rid FROM memories WHERE id = ?1")?

@@ -17,7 +17,9 @@ use cairn_core::{
 };
 
 use crate::index::{snapshot_dir, Attr, Entry, IndexHealth, VectorIndex};
-use crate::rows::{self, decode_vector, encode_vector, from_micros, query_units, to_micros};
+use crate::rows::{
+    self, decode_vector, encode_vector, from_micros, query_units, query_units_with, to_micros,
+};
 use crate::schema;
 use crate::{DeletePolicy, Filter, Result, StoreError, StoreOptions};
 
@@ -411,6 +413,7 @@ impl Store {
                         | OpenFlags::SQLITE_OPEN_URI,
                 )?;
                 c.busy_timeout(std::time::Duration::from_secs(30))?;
+                schema::tune(&c)?;
                 c
             }
         };
@@ -900,6 +903,21 @@ impl Store {
         filter: &Filter,
         ef: Option<usize>,
     ) -> Result<Vec<Hit>> {
+        let ranked = self.search_vector_ids(query, k, filter, ef)?;
+        self.hits(ranked)
+    }
+
+    /// [`Self::search_vector`] without reading the rows: (index id, similarity), best first.
+    /// Index ids are the store's internal, never reused vector ids; [`Self::hits`] reads their
+    /// rows. Fusing several rankings on ids and reading only the winners saves decoding rows
+    /// that lose.
+    pub fn search_vector_ids(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32)>> {
         filter.validate()?;
         let q = self.prepare_vector(query)?;
         if k == 0 {
@@ -957,7 +975,7 @@ impl Store {
                 hits
             }
         };
-        self.hits_for(found)
+        Ok(found.into_iter().map(|(v, s)| (v as u64, s)).collect())
     }
 
     fn exact_scan(&self, q: &[f32], k: usize, filter: &Filter) -> Result<Vec<(usize, f32)>> {
@@ -1001,26 +1019,52 @@ impl Store {
         })
     }
 
-    fn hits_for(&self, found: Vec<(usize, f32)>) -> Result<Vec<Hit>> {
+    /// The rows of ranked index ids (from [`Self::search_vector_ids`] or
+    /// [`Self::search_keyword_ids`], or a fusion of them), in the given order, each with its
+    /// score; ids whose row is gone (deleted meanwhile) are skipped.
+    pub fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {
         if found.is_empty() {
             return Ok(Vec::new());
         }
         self.read(|c| {
-            let mut out = Vec::with_capacity(found.len());
-            for (vid, score) in found {
-                let v = i64::try_from(vid).unwrap_or(i64::MAX);
-                // A row deleted between the index read and this read is skipped.
-                if let Some(memory) = query_units(c, "WHERE m.vid = ?", &[Value::Integer(v)])?.pop()
-                {
-                    out.push(Hit { memory, score });
-                }
+            // The rows in one statement per 500 hits (one read transaction, not one per hit),
+            // then back in the index's order. A row deleted between the index read and this
+            // read is skipped.
+            let mut rows: HashMap<i64, MemoryUnit> = HashMap::with_capacity(found.len());
+            for chunk in found.chunks(500) {
+                let vids: Vec<Value> = chunk
+                    .iter()
+                    .map(|(vid, _)| Value::Integer(i64::try_from(*vid).unwrap_or(i64::MAX)))
+                    .collect();
+                let marks = vec!["?"; vids.len()].join(", ");
+                let units =
+                    query_units_with(c, ", m.vid", &format!("WHERE m.vid IN ({marks})"), &vids)?;
+                rows.extend(units.into_iter().map(|(u, vid)| (vid, u)));
             }
-            Ok(out)
+            Ok(found
+                .into_iter()
+                .filter_map(|(vid, score)| {
+                    let v = i64::try_from(vid).unwrap_or(i64::MAX);
+                    rows.remove(&v).map(|memory| Hit { memory, score })
+                })
+                .collect())
         })
     }
 
     /// Keyword search (FTS5, BM25) over content; the query's words are OR-ed.
     pub fn search_keyword(&self, query: &str, k: usize, filter: &Filter) -> Result<Vec<Hit>> {
+        let ranked = self.search_keyword_ids(query, k, filter)?;
+        self.hits(ranked)
+    }
+
+    /// [`Self::search_keyword`] without reading the rows: (index id, negated BM25), best
+    /// first (see [`Self::search_vector_ids`]).
+    pub fn search_keyword_ids(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
         filter.validate()?;
         let Some(fts) = fts_query(query) else {
             return Ok(Vec::new());
@@ -1034,30 +1078,20 @@ impl Store {
         args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));
         self.read(|c| {
             let sql = format!(
-                "SELECT {cols}, bm25(memories_fts) AS s FROM memories_fts
+                "SELECT m.vid, bm25(memories_fts) AS s FROM memories_fts
                  JOIN memories m ON m.rid = memories_fts.rowid
-                 WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?",
-                cols = rows::COLS
+                 WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?"
             );
             let mut stmt = c.prepare_cached(&sql)?;
-            let mut raw = Vec::new();
-            let mut scores = Vec::new();
+            let mut out = Vec::new();
             let mut q = stmt.query(rusqlite::params_from_iter(args.iter()))?;
             while let Some(r) = q.next()? {
-                raw.push(rows::decode(r)?);
-                let s: f64 = r.get(14)?;
+                let vid: i64 = r.get(0)?;
+                let s: f64 = r.get(1)?;
                 #[allow(clippy::cast_possible_truncation)] // a BM25 score fits an f32
-                scores.push(-s as f32);
+                out.push((u64::try_from(vid).unwrap_or(u64::MAX), -s as f32));
             }
-            rows::attach_sources(c, &mut raw)?;
-            Ok(raw
-                .into_iter()
-                .zip(scores)
-                .map(|(r, score)| Hit {
-                    memory: r.unit,
-                    score,
-                })
-                .collect())
+            Ok(out)
         })
     }
 
@@ -1449,7 +1483,9 @@ fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
             Some(format!("{} deleted entries", h.tombstones)),
         )?;
         shared.index.snapshot(&shared.snapshot_dir)?;
-    } else if o.snapshot_every > 0 && h.unsnapshotted >= o.snapshot_every {
+    } else if o.snapshot_every > 0 && h.unsnapshotted >= o.snapshot_every.max(h.points / 10) {
+        // A snapshot rewrites the whole graph: spacing them by a tenth of the index keeps
+        // the bytes written per new entry constant as the store grows.
         shared.index.snapshot(&shared.snapshot_dir)?;
     }
     Ok(())
