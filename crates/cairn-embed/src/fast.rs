@@ -134,6 +134,9 @@ impl FastEmbedderBuilder {
         if let Some(n) = self.threads {
             options = options.with_intra_threads(n.max(1));
         }
+        // Worker threads sleep when a run ends instead of spinning: between calls they would
+        // otherwise take the cores from the caller's own work.
+        options = options.with_session_config("session.intra_op.allow_spinning", "0");
         let session = TextEmbedding::try_new_from_user_defined(model, options)
             .map_err(|e| EmbedError::Unavailable(format!("loading the model: {e}")))?;
         let mut splitter = session.tokenizer.clone();

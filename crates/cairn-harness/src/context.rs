@@ -387,16 +387,18 @@ fn assemble_with(
         let mut ordered: Vec<MemoryUnit> = turn_hits.iter().map(|h| h.memory.clone()).collect();
         // A matched summary contributes its sources that the turn search ranked, best first,
         // slotted in at the summary's own rank.
+        // (Leaf ids only: a routed leaf is one of the turn hits, whose row is at hand.)
         for (rank, h) in summary_hits.iter().enumerate() {
-            let leaves = inner.store.leaves(h.memory.id)?;
-            let mut routed: Vec<&MemoryUnit> = leaves
+            let mut routed: Vec<usize> = inner
+                .store
+                .leaf_ids(h.memory.id)?
                 .iter()
-                .filter(|l| turn_rank.contains_key(&l.id))
+                .filter_map(|id| turn_rank.get(id).copied())
                 .collect();
-            routed.sort_by_key(|l| turn_rank[&l.id]);
+            routed.sort_unstable();
             let at = (rank * 2).min(ordered.len());
-            for (j, l) in routed.into_iter().take(2).enumerate() {
-                ordered.insert((at + j).min(ordered.len()), l.clone());
+            for (j, r) in routed.into_iter().take(2).enumerate() {
+                ordered.insert((at + j).min(ordered.len()), turn_hits[r].memory.clone());
             }
         }
         // The `neighbors` turns on each side of `m` within 12 hours, nearest first: two

@@ -894,6 +894,25 @@ impl Store {
         })
     }
 
+    /// The ids of [`Self::leaves`], in the same order, without reading the rows.
+    pub fn leaf_ids(&self, summary: MemoryId) -> Result<Vec<MemoryId>> {
+        self.read(|c| {
+            let rid = summary_rid(c, summary)?;
+            let mut stmt = c.prepare_cached(
+                "SELECT m.id FROM memories m WHERE m.level = 0 AND m.rid IN (WITH RECURSIVE down(r) AS (
+                    SELECT source FROM summary_sources WHERE summary = ?
+                    UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+                 SELECT r FROM down) ORDER BY m.created_at, m.rid",
+            )?;
+            let ids = stmt
+                .query_map(params![rid], |r| {
+                    r.get::<_, [u8; 16]>(0).map(MemoryId::from_bytes)
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(ids)
+        })
+    }
+
     /// The `k` nearest memories to `query` among those admitted by `filter`, best first.
     /// `ef` overrides the configured `ef_search`.
     pub fn search_vector(

@@ -479,6 +479,7 @@ fn summaries_links_levels_and_validation() {
         .map(|m| m.id)
         .collect();
     assert_eq!(leaves, ids, "de-duplicated, in time order");
+    assert_eq!(store.leaf_ids(top.id).unwrap(), ids);
     let parents: Vec<_> = store
         .summaries_of(ids[5])
         .unwrap()
