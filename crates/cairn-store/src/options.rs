@@ -112,8 +112,9 @@ pub struct StoreOptions {
     /// at most this many) scan them exactly instead of walking the graph. Default 1,000.
     pub exact_scan_max: usize,
     /// ...and so do those admitting at most `exact_scan_factor × √(live memories)`. Default
-    /// 32: measured, an exact scan costs about 1.25 µs per admitted row and a filtered graph
-    /// walk about 1.3 ms × (live / admitted), which cross there (docs/benchmarks.md).
+    /// 24: measured, an exact scan costs about 0.19 µs per admitted memory and a filtered
+    /// graph walk about 0.08-0.14 ms × (live / admitted), which cross there
+    /// (docs/benchmarks.md).
     pub exact_scan_factor: f64,
     /// `PRAGMA synchronous=FULL` (survives power loss) instead of NORMAL (survives process
     /// crashes). Default false.
@@ -135,7 +136,7 @@ impl StoreOptions {
             tombstone_min: 1_000,
             snapshot_every: 20_000,
             exact_scan_max: 1_000,
-            exact_scan_factor: 32.0,
+            exact_scan_factor: 24.0,
             synchronous_full: false,
             clock: Arc::new(SystemClock),
         }
