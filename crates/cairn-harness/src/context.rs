@@ -401,24 +401,40 @@ fn assemble_with(
                 ordered.insert((at + j).min(ordered.len()), turn_hits[r].memory.clone());
             }
         }
-        // The `neighbors` turns on each side of `m` within 12 hours, nearest first: two
-        // small look-ups on the (thread, time) index.
-        let neighbours_of = |m: &MemoryUnit| -> Result<Vec<MemoryUnit>> {
-            let window = chrono::Duration::hours(12);
-            let mut before = turns_filter.clone();
-            before.after = Some(m.created_at - window);
-            before.before = Some(m.created_at);
-            let mut earlier = inner.store.recent(&before, options.neighbors)?;
-            let mut after = turns_filter.clone();
-            after.after = Some(m.created_at + chrono::Duration::microseconds(1));
-            after.before = Some(m.created_at + window);
-            let mut later = inner.store.scan(&after, 0, options.neighbors)?.into_iter();
+        // The `neighbors` turns on each side of `m` within 12 hours, nearest first (earlier,
+        // later, alternating), found on the thread's timeline (one read of times and ids).
+        let timeline = inner.store.timeline(&turns_filter)?;
+        let position: HashMap<MemoryId, usize> = timeline
+            .iter()
+            .enumerate()
+            .map(|(i, (_, id))| (*id, i))
+            .collect();
+        let window = chrono::Duration::hours(12);
+        let neighbour_ids = |m: &MemoryUnit| -> Vec<MemoryId> {
+            let Some(&p) = position.get(&m.id) else {
+                return Vec::new();
+            };
+            let earlier: Vec<MemoryId> = timeline[..p]
+                .iter()
+                .rev()
+                .filter(|(t, _)| *t < m.created_at)
+                .take_while(|(t, _)| *t >= m.created_at - window)
+                .take(options.neighbors)
+                .map(|(_, id)| *id)
+                .collect();
+            let later: Vec<MemoryId> = timeline[p + 1..]
+                .iter()
+                .filter(|(t, _)| *t > m.created_at)
+                .take_while(|(t, _)| *t < m.created_at + window)
+                .take(options.neighbors)
+                .map(|(_, id)| *id)
+                .collect();
             let mut out = Vec::new();
-            for _ in 0..options.neighbors {
-                out.extend(earlier.pop());
-                out.extend(later.next());
+            for i in 0..options.neighbors {
+                out.extend(earlier.get(i));
+                out.extend(later.get(i));
             }
-            Ok(out)
+            out
         };
         // Recalled turns share one message: its header and each day's header line are
         // paid by the first turn that needs them.
@@ -445,18 +461,28 @@ fn assemble_with(
                 continue;
             }
             if chosen.len() < options.neighbor_hits && options.neighbors > 0 {
-                for nb in neighbours_of(&m)? {
+                for nb in inner.store.get_found(&neighbour_ids(&m))? {
                     take(&nb, &mut used, &mut recalled);
                 }
             }
             chosen.push(m);
         }
-        // Neighbours of the other recalled turns, while they fit.
+        // Neighbours of the other recalled turns, while they fit (their rows in one read).
         if options.neighbors > 0 && used < budget {
-            for m in chosen.iter().skip(options.neighbor_hits) {
-                for nb in neighbours_of(m)? {
-                    take(&nb, &mut used, &mut recalled);
-                }
+            let wanted: Vec<Vec<MemoryId>> = chosen
+                .iter()
+                .skip(options.neighbor_hits)
+                .map(&neighbour_ids)
+                .collect();
+            let all: Vec<MemoryId> = wanted.iter().flatten().copied().collect();
+            let rows: HashMap<MemoryId, MemoryUnit> = inner
+                .store
+                .get_found(&all)?
+                .into_iter()
+                .map(|u| (u.id, u))
+                .collect();
+            for nb in wanted.iter().flatten().filter_map(|id| rows.get(id)) {
+                take(nb, &mut used, &mut recalled);
             }
         }
         recalled.sort_by_key(|i| i.created_at);

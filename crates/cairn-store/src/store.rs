@@ -767,9 +767,58 @@ impl Store {
         })
     }
 
-    /// Reads several memories, in the order asked; unknown ids are an error.
+    /// Reads several memories, in the order asked (one statement per 500); unknown ids are
+    /// an error.
     pub fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
-        self.read(|c| ids.iter().map(|id| rows::get_unit(c, *id)).collect())
+        let mut found = self.fetch(ids)?;
+        ids.iter()
+            .map(|id| found.remove(id).ok_or(StoreError::NotFound { id: *id }))
+            .collect()
+    }
+
+    /// [`Self::get_many`] that skips ids with no memory (deleted meanwhile, say).
+    pub fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        let mut found = self.fetch(ids)?;
+        Ok(ids.iter().filter_map(|id| found.remove(id)).collect())
+    }
+
+    fn fetch(&self, ids: &[MemoryId]) -> Result<HashMap<MemoryId, MemoryUnit>> {
+        let mut found: HashMap<MemoryId, MemoryUnit> = HashMap::with_capacity(ids.len());
+        self.read(|c| {
+            for chunk in ids.chunks(500) {
+                let args: Vec<Value> = chunk
+                    .iter()
+                    .map(|id| Value::Blob(id.as_bytes().to_vec()))
+                    .collect();
+                let marks = vec!["?"; args.len()].join(", ");
+                let units = query_units(c, &format!("WHERE m.id IN ({marks})"), &args)?;
+                found.extend(units.into_iter().map(|u| (u.id, u)));
+            }
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
+    /// When and which: (created_at, id) of every memory admitted by `filter`, oldest first
+    /// (ties by insertion), without reading contents — a thread's timeline, for finding a
+    /// memory's neighbours in time.
+    pub fn timeline(&self, filter: &Filter) -> Result<Vec<(DateTime<Utc>, MemoryId)>> {
+        filter.validate()?;
+        let (cond, args) = filter.sql();
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT m.created_at, m.id FROM memories m WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
+            ))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, [u8; 16]>(1)?))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (t, id) = row?;
+                out.push((from_micros(t), MemoryId::from_bytes(id)));
+            }
+            Ok(out)
+        })
     }
 
     /// The newest `limit` memories admitted by `filter`, returned oldest first.

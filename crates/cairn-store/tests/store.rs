@@ -807,6 +807,29 @@ fn recent_returns_newest_oldest_first() {
         .unwrap();
     let texts: Vec<_> = got.iter().map(|m| m.content.as_str()).collect();
     assert_eq!(texts, vec!["turn 7 of c", "turn 8 of c", "turn 9 of c"]);
+    // The timeline lists the same thread by time, without contents; batch reads keep the
+    // order asked, refuse (get_many) or skip (get_found) unknown ids.
+    let c = Filter::all().thread(ThreadId::new("c").unwrap());
+    let timeline = store.timeline(&c).unwrap();
+    let all = store.scan(&c, 0, 100).unwrap();
+    assert_eq!(
+        timeline,
+        all.iter().map(|m| (m.created_at, m.id)).collect::<Vec<_>>()
+    );
+    assert_eq!(timeline.len(), 10);
+    let ids: Vec<MemoryId> = timeline.iter().rev().map(|(_, id)| *id).collect();
+    let many = store.get_many(&ids).unwrap();
+    assert_eq!(many.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
+    let ghost = MemoryId::new();
+    assert!(matches!(
+        store.get_many(&[ids[0], ghost]),
+        Err(StoreError::NotFound { id }) if id == ghost
+    ));
+    let found = store.get_found(&[ghost, ids[3], ids[1]]).unwrap();
+    assert_eq!(
+        found.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![ids[3], ids[1]]
+    );
 }
 
 #[test]
