@@ -5,12 +5,10 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use cairn_core::{
-    EmbedError, MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter,
-};
+use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
 use cairn_store::Filter;
 
-use crate::harness::{blocking, fuse_ids, Inner};
+use crate::harness::{blocking, hybrid_hits, Inner};
 use crate::{MemoryHarness, Result};
 
 /// Why a piece is in the context.
@@ -260,25 +258,6 @@ pub(crate) fn assemble_blocking(
     budget: usize,
     options: &ContextOptions,
 ) -> Result<AssembledContext> {
-    // The query is embedded on its own thread while the steps that need no vector (recent
-    // turns, summaries, keyword rankings) read SQLite: the model is most of a call's time.
-    std::thread::scope(|scope| {
-        let embedding =
-            (!query.trim().is_empty()).then(|| scope.spawn(|| inner.embedder.embed_one(query)));
-        assemble_with(inner, thread, query, budget, options, embedding)
-    })
-}
-
-type Embedding<'s> = std::thread::ScopedJoinHandle<'s, std::result::Result<Vec<f32>, EmbedError>>;
-
-fn assemble_with(
-    inner: &Inner,
-    thread: &ThreadId,
-    query: &str,
-    budget: usize,
-    options: &ContextOptions,
-    embedding: Option<Embedding<'_>>,
-) -> Result<AssembledContext> {
     let counter = inner.token_counter.as_ref();
     let turns_filter = Filter::all()
         .thread(thread.clone())
@@ -349,36 +328,20 @@ fn assemble_with(
     // 3. Recall: turns and summaries ranked together for the query; a matched summary routes
     //    to its best source turns. Neighbours of recalled turns come along when they fit.
     let mut recalled: Vec<ContextItem> = Vec::new();
-    if let Some(embedding) = embedding.filter(|_| used < budget) {
-        // Hybrid rankings (as `SearchMode::Hybrid`: each list three times as deep as the
-        // fused one), keyword halves first, fused on index ids; only the winners are read.
+    if !query.trim().is_empty() && used < budget {
+        // One embedding of the query serves both hybrid searches.
+        let qv = inner.embedder.embed_one(query)?;
         let summary_filter = Filter::all()
             .thread(thread.clone())
             .kinds([MemoryKind::Summary]);
-        let (turn_k, summary_k) = (options.recall_depth.max(1), 5);
-        let depth = |k: usize| (k * 3).max(30);
-        let kw_turns = inner
-            .store
-            .search_keyword_ids(query, depth(turn_k), &turns_filter)?;
-        let kw_summaries =
-            inner
-                .store
-                .search_keyword_ids(query, depth(summary_k), &summary_filter)?;
-        let qv = embedding
-            .join()
-            .map_err(|_| crate::HarnessError::Task("the query embedding panicked".into()))??;
-        let v_turns =
-            inner
-                .store
-                .search_vector_ids(qv.clone(), depth(turn_k), &turns_filter, None)?;
-        let v_summaries =
-            inner
-                .store
-                .search_vector_ids(qv, depth(summary_k), &summary_filter, None)?;
-        let turn_hits = inner.store.hits(fuse_ids(&[v_turns, kw_turns], turn_k))?;
-        let summary_hits = inner
-            .store
-            .hits(fuse_ids(&[v_summaries, kw_summaries], summary_k))?;
+        let turn_hits = hybrid_hits(
+            inner,
+            query,
+            qv.clone(),
+            &turns_filter,
+            options.recall_depth.max(1),
+        )?;
+        let summary_hits = hybrid_hits(inner, query, qv, &summary_filter, 5)?;
         let turn_rank: HashMap<MemoryId, usize> = turn_hits
             .iter()
             .enumerate()

@@ -675,45 +675,20 @@ pub(crate) fn search_blocking(
     query: &str,
     options: &SearchOptions,
 ) -> Result<Vec<SearchHit>> {
-    search_blocking_with(inner, query, None, options)
-}
-
-/// [`search_blocking`] with the query's vector when the caller already has it (several
-/// searches for one query embed it once).
-pub(crate) fn search_blocking_with(
-    inner: &Inner,
-    query: &str,
-    vector: Option<Vec<f32>>,
-    options: &SearchOptions,
-) -> Result<Vec<SearchHit>> {
     options.filter.validate()?;
     if query.trim().is_empty() {
         return Err(cairn_core::InputError::EmptyContent.into());
     }
     let k = options.effective_k();
-    let embed = |vector: Option<Vec<f32>>| -> Result<Vec<f32>> {
-        match vector {
-            Some(v) => Ok(v),
-            None => Ok(inner.embedder.embed_one(query)?),
-        }
-    };
     let hits = match options.mode {
         SearchMode::Vector => {
-            let q = embed(vector)?;
+            let q = inner.embedder.embed_one(query)?;
             inner.store.search_vector(q, k, &options.filter, None)?
         }
         SearchMode::Keyword => inner.store.search_keyword(query, k, &options.filter)?,
         SearchMode::Hybrid => {
-            let depth = (k * 3).max(30);
-            let q = embed(vector)?;
-            // Fused on index ids; only the winners' rows are read.
-            let v = inner
-                .store
-                .search_vector_ids(q, depth, &options.filter, None)?;
-            let w = inner
-                .store
-                .search_keyword_ids(query, depth, &options.filter)?;
-            inner.store.hits(fuse_ids(&[v, w], k))?
+            let q = inner.embedder.embed_one(query)?;
+            hybrid_hits(inner, query, q, &options.filter, k)?
         }
     };
     Ok(match options.min_score {
@@ -726,6 +701,21 @@ pub(crate) fn search_blocking_with(
 pub fn fuse(lists: &[Vec<SearchHit>], k: usize) -> Vec<SearchHit> {
     let weighted: Vec<(Vec<SearchHit>, f32)> = lists.iter().map(|l| (l.clone(), 1.0)).collect();
     fuse_weighted(&weighted, k)
+}
+
+/// Hybrid search with the query's vector given: vector and keyword rankings three times as
+/// deep as `k` (at least 30), fused on index ids; only the winners' rows are read.
+pub(crate) fn hybrid_hits(
+    inner: &Inner,
+    query: &str,
+    vector: Vec<f32>,
+    filter: &Filter,
+    k: usize,
+) -> Result<Vec<SearchHit>> {
+    let depth = (k * 3).max(30);
+    let v = inner.store.search_vector_ids(vector, depth, filter, None)?;
+    let w = inner.store.search_keyword_ids(query, depth, filter)?;
+    Ok(inner.store.hits(fuse_ids(&[v, w], k))?)
 }
 
 /// Reciprocal rank fusion of rankings of index ids (see `Store::search_vector_ids`): the

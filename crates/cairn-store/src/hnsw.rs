@@ -291,19 +291,6 @@ impl Hnsw {
         &self.labels
     }
 
-    /// Bytes held by the graph (vectors, links, labels).
-    pub fn memory_bytes(&self) -> usize {
-        self.vectors.capacity() * 4
-            + self.codes.capacity()
-            + self.scales.capacity() * 4
-            + self.labels.capacity() * 8
-            + self.nodes.capacity() * 16
-            + self.levels.capacity()
-            + self.links0.capacity() * 4
-            + self.upper.iter().map(|b| b.len() * 4 + 16).sum::<usize>()
-            + self.locks.capacity() * std::mem::size_of::<Mutex<()>>()
-    }
-
     fn level_for(&self, label: u64) -> usize {
         let ml = 1.0 / (self.m as f64).ln();
         let bits = splitmix(label ^ 0x5EED_CA1B) >> 11;
@@ -796,7 +783,7 @@ impl Hnsw {
         })
     }
 
-    /// The node holding `label`, if any.
+    /// Whether a node holds `label`.
     pub fn contains(&self, label: u64) -> bool {
         self.nodes.contains_key(&label)
     }
@@ -886,17 +873,19 @@ impl Hnsw {
         }
         w.write_all(&(n as u64).to_le_bytes())?;
         w.write_all(&entry_node.to_le_bytes())?;
-        write_u64s(w, &self.labels)?;
+        write_pod(w, &self.labels, u64::swap_bytes)?;
         w.write_all(&self.levels)?;
-        write_f32s(w, &self.vectors)?;
+        write_pod(w, &self.vectors, |x: f32| {
+            f32::from_bits(x.to_bits().swap_bytes())
+        })?;
         let links: Vec<u32> = self.links0.iter().map(|a| a.load(Mem::Acquire)).collect();
-        write_u32s(w, &links)?;
+        write_pod(w, &links, u32::swap_bytes)?;
         let upper: Vec<u32> = self
             .upper
             .iter()
             .flat_map(|b| b.iter().map(|a| a.load(Mem::Acquire)))
             .collect();
-        write_u32s(w, &upper)?;
+        write_pod(w, &upper, u32::swap_bytes)?;
         Ok(())
     }
 
@@ -1060,27 +1049,17 @@ impl pulp::WithSimd for LinkOp<'_> {
     }
 }
 
-fn write_u64s(w: &mut impl Write, xs: &[u64]) -> std::io::Result<()> {
+/// Writes plain values little-endian (as they are on little-endian machines).
+fn write_pod<T: bytemuck::Pod>(
+    w: &mut impl Write,
+    xs: &[T],
+    swap: fn(T) -> T,
+) -> std::io::Result<()> {
     if cfg!(target_endian = "little") {
         w.write_all(bytemuck::cast_slice(xs))
     } else {
-        xs.iter().try_for_each(|x| w.write_all(&x.to_le_bytes()))
-    }
-}
-
-fn write_u32s(w: &mut impl Write, xs: &[u32]) -> std::io::Result<()> {
-    if cfg!(target_endian = "little") {
-        w.write_all(bytemuck::cast_slice(xs))
-    } else {
-        xs.iter().try_for_each(|x| w.write_all(&x.to_le_bytes()))
-    }
-}
-
-fn write_f32s(w: &mut impl Write, xs: &[f32]) -> std::io::Result<()> {
-    if cfg!(target_endian = "little") {
-        w.write_all(bytemuck::cast_slice(xs))
-    } else {
-        xs.iter().try_for_each(|x| w.write_all(&x.to_le_bytes()))
+        let swapped: Vec<T> = xs.iter().map(|x| swap(*x)).collect();
+        w.write_all(bytemuck::cast_slice(&swapped))
     }
 }
 

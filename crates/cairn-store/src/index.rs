@@ -4,7 +4,7 @@
 //! [`Attr`] row in memory; an entry in the graph without one is a tombstone, skipped by every
 //! search and dropped at the next rebuild.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -352,9 +352,8 @@ impl VectorIndex {
             let old = read_lock(&self.attrs);
             attrs.threads = old.threads.clone();
         }
-        let indexed: HashSet<u64> = fresh.labels().iter().copied().collect();
         for e in entries {
-            if indexed.contains(&(e.vid as u64)) {
+            if fresh.contains(e.vid as u64) {
                 attrs.add(e.vid, e.attr);
             }
         }
@@ -372,16 +371,11 @@ impl VectorIndex {
     /// Sets the live attributes after loading a snapshot; returns the vids that are live in
     /// SQLite but missing from the graph (to be inserted).
     pub fn adopt_live(&self, live: Vec<(usize, Attr)>) -> Vec<usize> {
-        let indexed: HashSet<u64> = read_lock(&self.graph)
-            .graph
-            .labels()
-            .iter()
-            .copied()
-            .collect();
+        let g = read_lock(&self.graph);
         let mut a = write_lock(&self.attrs);
         let mut missing = Vec::new();
         for (vid, attr) in live {
-            if indexed.contains(&(vid as u64)) {
+            if g.graph.contains(vid as u64) {
                 a.add(vid, attr);
             } else {
                 missing.push(vid);
