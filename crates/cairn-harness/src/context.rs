@@ -1,6 +1,6 @@
 //! Context assembly: what to send to a model for the next turn of a thread.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
 use cairn_store::Filter;
 
-use crate::harness::{blocking, hybrid_hits, Inner};
+use crate::harness::{blocking, Inner};
+use crate::recall::{score_timeline, RecallWeights};
 use crate::{MemoryHarness, Result};
 
 /// Why a piece is in the context.
@@ -73,6 +74,10 @@ pub struct AssembledContext {
 
 /// The first line of the message that holds the recalled turns.
 const RECALLED_HEADER: &str = "Recalled from earlier in this conversation:\n";
+
+/// Below this many tokens left, no recalled line fits (a line is at least its text and a
+/// newline); recall stops there.
+const MIN_LINE_TOKENS: usize = 2;
 
 fn render_item(i: &ContextItem) -> String {
     let date = i.created_at.format("%Y-%m-%d %H:%M");
@@ -192,21 +197,19 @@ impl AssembledContext {
     }
 }
 
-/// How the budget is shared. Shares are of the budget; what one part leaves unused goes to
-/// recall.
+/// How the budget is shared, and how turns are ranked for recall. Shares are of the budget;
+/// what one part leaves unused goes to recall.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ContextOptions {
     /// For the most recent turns. Default 0.1.
     pub recent_share: f64,
     /// For the thread's top summaries. Default 0.05.
     pub summary_share: f64,
-    /// Candidates recalled from each search. Default 150.
+    /// Candidates from each search (vector and keyword); a thread with fewer turns has all
+    /// of them scored. Default 1,000.
     pub recall_depth: usize,
-    /// Turns on each side of a recalled turn taken along when they fit. Default 1.
-    pub neighbors: usize,
-    /// The best this many recalled turns bring their neighbours in right after themselves;
-    /// the others' neighbours only fill what is left. Default 2.
-    pub neighbor_hits: usize,
+    /// How recalled turns are scored (see [`RecallWeights`]).
+    pub weights: RecallWeights,
 }
 
 impl Default for ContextOptions {
@@ -214,12 +217,16 @@ impl Default for ContextOptions {
         Self {
             recent_share: 0.1,
             summary_share: 0.05,
-            recall_depth: 150,
-            neighbor_hits: 2,
-            neighbors: 1,
+            recall_depth: 1_000,
+            weights: RecallWeights::default(),
         }
     }
 }
+
+/// Recalled candidates read per statement, best first.
+const READ_CHUNK: usize = 64;
+/// At most this many candidates are tried for the recalled block.
+const MAX_TRIED: usize = 320;
 
 fn item(m: &MemoryUnit, section: Section, counter: &dyn TokenCounter) -> ContextItem {
     let mut i = ContextItem {
@@ -325,127 +332,53 @@ pub(crate) fn assemble_blocking(
     }
     summaries.sort_by_key(|i| i.created_at);
 
-    // 3. Recall: turns and summaries ranked together for the query; a matched summary routes
-    //    to its best source turns. Neighbours of recalled turns come along when they fit.
+    // 3. Recall: every turn of the thread scored for the query (vector and keyword match,
+    //    raised by its neighbours' match, by naming its speaker, by a time range the query
+    //    names; see `recall`), then taken best first while they fit. Rows are read in
+    //    chunks, best first, so the turns that do not make it are never decoded.
     let mut recalled: Vec<ContextItem> = Vec::new();
     if !query.trim().is_empty() && used < budget {
-        // One embedding of the query serves both hybrid searches.
         let qv = inner.embedder.embed_one(query)?;
-        let summary_filter = Filter::all()
-            .thread(thread.clone())
-            .kinds([MemoryKind::Summary]);
-        let turn_hits = hybrid_hits(
-            inner,
-            query,
-            qv.clone(),
-            &turns_filter,
-            options.recall_depth.max(1),
-        )?;
-        let summary_hits = hybrid_hits(inner, query, qv, &summary_filter, 5)?;
-        let turn_rank: HashMap<MemoryId, usize> = turn_hits
-            .iter()
-            .enumerate()
-            .map(|(r, h)| (h.memory.id, r))
+        let timeline = inner.store.timeline_tagged(&turns_filter, "speaker")?;
+        let depth = options.recall_depth.max(1);
+        let vector = inner
+            .store
+            .search_vector_ids(qv, depth, &turns_filter, None)?;
+        let keyword = inner
+            .store
+            .search_keyword_ids(query, depth, &turns_filter)?;
+        let scores = score_timeline(&timeline, &vector, &keyword, query, &options.weights);
+        let mut order: Vec<usize> = (0..timeline.len())
+            .filter(|&i| oldest_recent.is_none_or(|t| timeline[i].at < t))
+            .filter(|&i| !taken.contains(&timeline[i].id))
             .collect();
-        let mut ordered: Vec<MemoryUnit> = turn_hits.iter().map(|h| h.memory.clone()).collect();
-        // A matched summary contributes its sources that the turn search ranked, best first,
-        // slotted in at the summary's own rank.
-        // (Leaf ids only: a routed leaf is one of the turn hits, whose row is at hand.)
-        for (rank, h) in summary_hits.iter().enumerate() {
-            let mut routed: Vec<usize> = inner
-                .store
-                .leaf_ids(h.memory.id)?
-                .iter()
-                .filter_map(|id| turn_rank.get(id).copied())
-                .collect();
-            routed.sort_unstable();
-            let at = (rank * 2).min(ordered.len());
-            for (j, r) in routed.into_iter().take(2).enumerate() {
-                ordered.insert((at + j).min(ordered.len()), turn_hits[r].memory.clone());
-            }
-        }
-        // The `neighbors` turns on each side of `m` within 12 hours, nearest first (earlier,
-        // later, alternating), found on the thread's timeline (one read of times and ids).
-        let timeline = inner.store.timeline(&turns_filter)?;
-        let position: HashMap<MemoryId, usize> = timeline
-            .iter()
-            .enumerate()
-            .map(|(i, (_, id))| (*id, i))
-            .collect();
-        let window = chrono::Duration::hours(12);
-        let neighbour_ids = |m: &MemoryUnit| -> Vec<MemoryId> {
-            let Some(&p) = position.get(&m.id) else {
-                return Vec::new();
-            };
-            let earlier: Vec<MemoryId> = timeline[..p]
-                .iter()
-                .rev()
-                .filter(|(t, _)| *t < m.created_at)
-                .take_while(|(t, _)| *t >= m.created_at - window)
-                .take(options.neighbors)
-                .map(|(_, id)| *id)
-                .collect();
-            let later: Vec<MemoryId> = timeline[p + 1..]
-                .iter()
-                .filter(|(t, _)| *t > m.created_at)
-                .take_while(|(t, _)| *t < m.created_at + window)
-                .take(options.neighbors)
-                .map(|(_, id)| *id)
-                .collect();
-            let mut out = Vec::new();
-            for i in 0..options.neighbors {
-                out.extend(earlier.get(i));
-                out.extend(later.get(i));
-            }
-            out
-        };
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        order.truncate(MAX_TRIED);
         // Recalled turns share one message: its header and each day's header line are
         // paid by the first turn that needs them.
         let mut block = RecalledBlockCost::new(counter);
-        let mut take =
-            |m: &MemoryUnit, used: &mut usize, recalled: &mut Vec<ContextItem>| -> bool {
-                if taken.contains(&m.id) || oldest_recent.is_some_and(|t| m.created_at >= t) {
-                    return false;
+        'chunks: for chunk in order.chunks(READ_CHUNK) {
+            let wanted: Vec<(u64, f32)> = chunk
+                .iter()
+                .map(|&i| (timeline[i].vid, scores[i]))
+                .collect();
+            for hit in inner.store.hits(wanted)? {
+                let m = &hit.memory;
+                if budget.saturating_sub(used) < MIN_LINE_TOKENS {
+                    break 'chunks;
+                }
+                if !taken.insert(m.id) {
+                    continue;
                 }
                 let mut it = item(m, Section::Recalled, counter);
                 it.tokens = block.cost(&m.content, m.created_at);
-                if *used + it.tokens > budget {
-                    return false;
+                if used + it.tokens > budget {
+                    taken.remove(&m.id);
+                    continue;
                 }
-                *used += it.tokens;
+                used += it.tokens;
                 block.add(m.created_at);
-                taken.insert(it.id);
                 recalled.push(it);
-                true
-            };
-        let mut chosen: Vec<MemoryUnit> = Vec::new();
-        for m in ordered {
-            if !take(&m, &mut used, &mut recalled) {
-                continue;
-            }
-            if chosen.len() < options.neighbor_hits && options.neighbors > 0 {
-                for nb in inner.store.get_found(&neighbour_ids(&m))? {
-                    take(&nb, &mut used, &mut recalled);
-                }
-            }
-            chosen.push(m);
-        }
-        // Neighbours of the other recalled turns, while they fit (their rows in one read).
-        if options.neighbors > 0 && used < budget {
-            let wanted: Vec<Vec<MemoryId>> = chosen
-                .iter()
-                .skip(options.neighbor_hits)
-                .map(&neighbour_ids)
-                .collect();
-            let all: Vec<MemoryId> = wanted.iter().flatten().copied().collect();
-            let rows: HashMap<MemoryId, MemoryUnit> = inner
-                .store
-                .get_found(&all)?
-                .into_iter()
-                .map(|u| (u.id, u))
-                .collect();
-            for nb in wanted.iter().flatten().filter_map(|id| rows.get(id)) {
-                take(nb, &mut used, &mut recalled);
             }
         }
         recalled.sort_by_key(|i| i.created_at);
@@ -498,9 +431,11 @@ fn attribute_recalled_tokens(items: &mut [ContextItem], counter: &dyn TokenCount
 impl MemoryHarness {
     /// What to send to a model for `thread` and `query` within `budget` tokens (the
     /// harness's token counter): the thread's top summaries, its most recent turns verbatim
-    /// (the newest always), and older turns recalled for the query — turns and summaries
-    /// searched together, a matched summary routing to its best source turns, neighbouring
-    /// turns along — de-duplicated and in time order within each part.
+    /// (the newest always), and older turns recalled for the query — every turn of the
+    /// thread scored by its vector and keyword match, raised by its neighbours' match, by
+    /// the query naming its speaker (metadata `speaker`) and by falling in a time range the
+    /// query names (see [`RecallWeights`]), taken best first while they fit — de-duplicated
+    /// and in time order within each part.
     pub async fn assemble_context(
         &self,
         thread_id: &str,

@@ -33,6 +33,7 @@ mod extractive;
 mod harness;
 pub mod import;
 mod openai;
+mod recall;
 mod tokens;
 
 pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
@@ -54,6 +55,7 @@ pub use openai::{
     render_transcript, OpenAiBuilder, OpenAiSummarizer, PromptTemplate, DEFAULT_TEMPLATE,
     NEW_LINES, PREVIOUS,
 };
+pub use recall::RecallWeights;
 pub use tokens::{HfTokenCounter, RunningTotal, TiktokenCounter};
 
 pub use cairn_store::{DeletePolicy, DeleteReport, Filter, HnswParams, NewSummary, StoreStats};

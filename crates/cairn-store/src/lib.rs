@@ -46,4 +46,4 @@ pub use index::{snapshot_dir, IndexHealth, Manifest, SNAPSHOT_FORMAT};
 pub use options::{DeletePolicy, HnswParams, StoreOptions};
 pub use rows::Filter;
 pub use schema::SCHEMA_VERSION;
-pub use store::{DeleteReport, Hit, IndexCheck, NewSummary, Store, StoreStats};
+pub use store::{DeleteReport, Hit, IndexCheck, NewSummary, Store, StoreStats, TimelineEntry};

@@ -821,6 +821,49 @@ impl Store {
         })
     }
 
+    /// [`Self::timeline`] with each memory's index id and one string of its metadata (the
+    /// value under `key`, when it is a string): what ranking a thread's turns needs without
+    /// reading their contents — a turn's neighbours in time, and, with `key` = `"speaker"`,
+    /// who said it.
+    pub fn timeline_tagged(&self, filter: &Filter, key: &str) -> Result<Vec<TimelineEntry>> {
+        filter.validate()?;
+        let (cond, mut args) = filter.sql();
+        // The key goes in as a JSON path parameter, quoted so any key is one member name.
+        let mut all = vec![Value::Text(format!("$.\"{}\"", key.replace('"', "")))];
+        all.append(&mut args);
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT m.created_at, m.id, m.vid, json_extract(m.metadata, ?) FROM memories m \
+                 WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
+            ))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(all.iter()), |r| {
+                let tag = match r.get_ref(3)? {
+                    rusqlite::types::ValueRef::Text(t) => {
+                        Some(String::from_utf8_lossy(t).into_owned())
+                    }
+                    _ => None,
+                };
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, [u8; 16]>(1)?,
+                    r.get::<_, i64>(2)?,
+                    tag,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (t, id, vid, tag) = row?;
+                out.push(TimelineEntry {
+                    at: from_micros(t),
+                    id: MemoryId::from_bytes(id),
+                    vid: u64::try_from(vid).unwrap_or(u64::MAX),
+                    tag,
+                });
+            }
+            Ok(out)
+        })
+    }
+
     /// The newest `limit` memories admitted by `filter`, returned oldest first.
     pub fn recent(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
@@ -1577,6 +1620,19 @@ fn rebuild(conn: &Connection, shared: &Shared, why: Option<String>) -> Result<()
     r.0 += 1;
     r.1 = why;
     Ok(())
+}
+
+/// One memory on a timeline (see [`Store::timeline_tagged`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineEntry {
+    /// When it happened.
+    pub at: DateTime<Utc>,
+    /// Its id.
+    pub id: MemoryId,
+    /// Its index id (as in [`Store::search_vector_ids`] and [`Store::hits`]).
+    pub vid: u64,
+    /// The string its metadata holds under the requested key, if any.
+    pub tag: Option<String>,
 }
 
 /// English function words left out of keyword queries: they match almost every memory
