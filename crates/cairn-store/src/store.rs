@@ -821,10 +821,10 @@ impl Store {
         })
     }
 
-    /// [`Self::timeline`] with each memory's index id and one string of its metadata (the
-    /// value under `key`, when it is a string): what ranking a thread's turns needs without
-    /// reading their contents — a turn's neighbours in time, and, with `key` = `"speaker"`,
-    /// who said it.
+    /// [`Self::timeline`] with each memory's index id, content length and one string of its
+    /// metadata (the value under `key`, when it is a string): what ranking a thread's turns
+    /// needs without decoding their contents — a turn's neighbours in time, its length and,
+    /// with `key` = `"speaker"`, who said it.
     pub fn timeline_tagged(&self, filter: &Filter, key: &str) -> Result<Vec<TimelineEntry>> {
         filter.validate()?;
         let (cond, mut args) = filter.sql();
@@ -833,8 +833,8 @@ impl Store {
         all.append(&mut args);
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
-                "SELECT m.created_at, m.id, m.vid, json_extract(m.metadata, ?) FROM memories m \
-                 WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
+                "SELECT m.created_at, m.id, m.vid, json_extract(m.metadata, ?), length(m.content) \
+                 FROM memories m WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
             ))?;
             let rows = stmt.query_map(rusqlite::params_from_iter(all.iter()), |r| {
                 let tag = match r.get_ref(3)? {
@@ -848,16 +848,18 @@ impl Store {
                     r.get::<_, [u8; 16]>(1)?,
                     r.get::<_, i64>(2)?,
                     tag,
+                    r.get::<_, i64>(4)?,
                 ))
             })?;
             let mut out = Vec::new();
             for row in rows {
-                let (t, id, vid, tag) = row?;
+                let (t, id, vid, tag, chars) = row?;
                 out.push(TimelineEntry {
                     at: from_micros(t),
                     id: MemoryId::from_bytes(id),
                     vid: u64::try_from(vid).unwrap_or(u64::MAX),
                     tag,
+                    chars: usize::try_from(chars).unwrap_or(0),
                 });
             }
             Ok(out)
@@ -1633,6 +1635,8 @@ pub struct TimelineEntry {
     pub vid: u64,
     /// The string its metadata holds under the requested key, if any.
     pub tag: Option<String>,
+    /// Length of its content in characters.
+    pub chars: usize,
 }
 
 /// English function words left out of keyword queries: they match almost every memory
