@@ -77,6 +77,15 @@ pub trait TokenCounter: Send + Sync {
         0
     }
 
+    /// Whether lines that each end in a newline (and hold something besides whitespace)
+    /// count, joined, as the sum of their counts: true for BPE encodings whose
+    /// pre-tokenizer ends a piece at every newline (cl100k_base, o200k_base). Context
+    /// assembly then adds line counts instead of recounting a block of recalled turns.
+    /// Default false.
+    fn newline_additive(&self) -> bool {
+        false
+    }
+
     /// Tokens for one chat message of `text`: the text plus the overhead.
     fn count_message(&self, text: &str) -> usize {
         self.count(text) + self.message_overhead()

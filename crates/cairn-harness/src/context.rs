@@ -10,7 +10,7 @@ use cairn_store::Filter;
 
 use crate::harness::{blocking, Inner};
 use crate::recall::{score_timeline, RecallWeights};
-use crate::{MemoryHarness, Result};
+use crate::{HarnessError, MemoryHarness, Result};
 
 /// Why a piece is in the context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,7 +92,14 @@ fn render_item(i: &ContextItem) -> String {
 
 /// A recalled turn as one line of the recalled block (its day is a header line above).
 fn recalled_line(content: &str) -> String {
-    format!("{}\n", content.replace('\n', " "))
+    let one_line: String = content
+        .chars()
+        .map(|c| match c {
+            '\n' | '\r' | '\u{0b}' | '\u{0c}' | '\u{85}' | '\u{2028}' | '\u{2029}' => ' ',
+            c => c,
+        })
+        .collect();
+    format!("{one_line}\n")
 }
 
 fn day_header(day: chrono::NaiveDate) -> String {
@@ -228,23 +235,25 @@ const READ_CHUNK: usize = 64;
 /// At most this many candidates are tried for the recalled block.
 const MAX_TRIED: usize = 320;
 
-fn item(m: &MemoryUnit, section: Section, counter: &dyn TokenCounter) -> ContextItem {
-    let mut i = ContextItem {
+/// A context item made of `m`, its token count left at 0.
+fn owned_item(m: MemoryUnit, section: Section) -> ContextItem {
+    ContextItem {
         id: m.id,
         kind: m.kind,
         level: m.level,
         role: m.role,
-        content: m.content.clone(),
+        content: m.content,
         created_at: m.created_at,
-        metadata: m.metadata.clone(),
-        source_ids: m
-            .summary
-            .as_ref()
-            .map(|s| s.source_ids.clone())
-            .unwrap_or_default(),
+        metadata: m.metadata,
+        source_ids: m.summary.map(|s| s.source_ids).unwrap_or_default(),
         section,
         tokens: 0,
-    };
+    }
+}
+
+/// A context item for `m` as its own message, with its token count.
+fn item(m: &MemoryUnit, section: Section, counter: &dyn TokenCounter) -> ContextItem {
+    let mut i = owned_item(m.clone(), section);
     i.tokens = counter.count_message(&render_item(&i));
     i
 }
@@ -258,12 +267,46 @@ fn share(budget: usize, s: f64) -> usize {
     (budget as f64 * s.clamp(0.0, 1.0)) as usize
 }
 
+/// The query's embedding, being computed on another thread.
+type PendingVector<'s> = std::thread::ScopedJoinHandle<'s, Result<Vec<f32>>>;
+
+fn join_vector(pending: PendingVector<'_>) -> Result<Vec<f32>> {
+    pending
+        .join()
+        .map_err(|_| HarnessError::Task("the query embedding panicked".into()))?
+}
+
 pub(crate) fn assemble_blocking(
     inner: &Inner,
     thread: &ThreadId,
     query: &str,
     budget: usize,
     options: &ContextOptions,
+) -> Result<AssembledContext> {
+    if query.trim().is_empty() {
+        return assemble_with(inner, thread, query, budget, options, &mut None);
+    }
+    // The model embeds the query while the thread's recent turns, summaries, timeline and
+    // keyword matches are read here: none of them needs the vector.
+    std::thread::scope(|s| {
+        let mut pending = Some(s.spawn(|| inner.embedder.embed_one(query).map_err(Into::into)));
+        let out = assemble_with(inner, thread, query, budget, options, &mut pending);
+        // Not needed after all (no budget left for recall, or an error): still joined here,
+        // so a panic there is not re-raised by the scope.
+        if let Some(p) = pending.take() {
+            let _unused = p.join();
+        }
+        out
+    })
+}
+
+fn assemble_with(
+    inner: &Inner,
+    thread: &ThreadId,
+    query: &str,
+    budget: usize,
+    options: &ContextOptions,
+    pending: &mut Option<PendingVector<'_>>,
 ) -> Result<AssembledContext> {
     let counter = inner.token_counter.as_ref();
     let turns_filter = Filter::all()
@@ -338,15 +381,18 @@ pub(crate) fn assemble_blocking(
     //    chunks, best first, so the turns that do not make it are never decoded.
     let mut recalled: Vec<ContextItem> = Vec::new();
     if !query.trim().is_empty() && used < budget {
-        let qv = inner.embedder.embed_one(query)?;
         let timeline = inner.store.timeline_tagged(&turns_filter, "speaker")?;
         let depth = options.recall_depth.max(1);
-        let vector = inner
-            .store
-            .search_vector_ids(qv, depth, &turns_filter, None)?;
         let keyword = inner
             .store
             .search_keyword_ids(query, depth, &turns_filter)?;
+        let qv = match pending.take() {
+            Some(p) => join_vector(p)?,
+            None => inner.embedder.embed_one(query)?,
+        };
+        let vector = inner
+            .store
+            .search_vector_ids(qv, depth, &turns_filter, None)?;
         let scores = score_timeline(&timeline, &vector, &keyword, query, &options.weights);
         let mut order: Vec<usize> = (0..timeline.len())
             .filter(|&i| oldest_recent.is_none_or(|t| timeline[i].at < t))
@@ -363,21 +409,19 @@ pub(crate) fn assemble_blocking(
                 .map(|&i| (timeline[i].vid, scores[i]))
                 .collect();
             for hit in inner.store.hits(wanted)? {
-                let m = &hit.memory;
                 if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                     break 'chunks;
                 }
-                if !taken.insert(m.id) {
+                let m = hit.memory;
+                let cost = block.cost(&m.content, m.created_at);
+                if taken.contains(&m.id) || used + cost > budget {
                     continue;
                 }
-                let mut it = item(m, Section::Recalled, counter);
-                it.tokens = block.cost(&m.content, m.created_at);
-                if used + it.tokens > budget {
-                    taken.remove(&m.id);
-                    continue;
-                }
-                used += it.tokens;
+                used += cost;
                 block.add(m.created_at);
+                taken.insert(m.id);
+                let mut it = owned_item(m, Section::Recalled);
+                it.tokens = cost;
                 recalled.push(it);
             }
         }
@@ -385,18 +429,18 @@ pub(crate) fn assemble_blocking(
     }
 
     // The block's count is the sum of its lines' for tokenizers that split at newlines
-    // (cl100k, o200k); for any other, drop the last recalled turns until the exact count of
-    // the rendered messages fits.
+    // (cl100k, o200k): the items' counts add up to the exact count. For any other, drop the
+    // last recalled turns until the exact count of the rendered messages fits.
     let n_summaries = summaries.len();
     let mut items = summaries;
     items.extend(recalled);
     items.extend(recent);
     let mut ctx = AssembledContext {
         items,
-        tokens: 0,
+        tokens: used,
         budget,
     };
-    loop {
+    while !counter.newline_additive() {
         ctx.tokens = ctx
             .to_messages()
             .iter()
@@ -415,6 +459,9 @@ pub(crate) fn assemble_blocking(
         ctx.items.remove(pos);
     }
     attribute_recalled_tokens(&mut ctx.items[n_summaries..], counter);
+    if counter.newline_additive() {
+        ctx.tokens = ctx.items.iter().map(|i| i.tokens).sum();
+    }
     Ok(ctx)
 }
 

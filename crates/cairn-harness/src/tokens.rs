@@ -90,6 +90,12 @@ impl TokenCounter for TiktokenCounter {
         n
     }
 
+    fn newline_additive(&self) -> bool {
+        // cl100k_base and o200k_base (the only encodings offered) end a pre-token piece at
+        // every newline; `newline_additive_on_awkward_lines` checks it.
+        true
+    }
+
     fn message_overhead(&self) -> usize {
         self.overhead
     }
@@ -200,6 +206,49 @@ impl RunningTotal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lines as context assembly writes them (one line each, ending in a newline, not blank)
+    /// count the same joined as apart, however they start and end.
+    #[test]
+    fn newline_additive_on_awkward_lines() {
+        let lines = [
+            "Caroline: Hey Mel!\n",
+            " leading space\n",
+            "\t tab first\n",
+            "trailing spaces   \n",
+            "?!\n",
+            "123\n",
+            " 456\n",
+            "émoji 🎉 ok\n",
+            "\u{a0}no-break space\n",
+            "'s a contraction\n",
+            "'ll\n",
+            "ends with punctuation...\n",
+            "x\n",
+            "[2023-05-08]\n",
+        ];
+        for c in [
+            TiktokenCounter::cl100k().unwrap(),
+            TiktokenCounter::o200k().unwrap(),
+        ] {
+            assert!(c.newline_additive());
+            for a in lines {
+                for b in lines {
+                    let joined = format!("{a}{b}");
+                    assert_eq!(
+                        c.count(&joined),
+                        c.count(a) + c.count(b),
+                        "{}: {joined:?}",
+                        c.name()
+                    );
+                }
+            }
+        }
+        // A blank line would merge with the newline before it (which is why blank
+        // contents are refused).
+        let c = TiktokenCounter::cl100k().unwrap();
+        assert_ne!(c.count("a\n  \n"), c.count("a\n") + c.count("  \n"));
+    }
 
     #[test]
     fn exact_openai_counts() {

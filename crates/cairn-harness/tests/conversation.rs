@@ -668,7 +668,7 @@ fn context_never_exceeds_budget_and_has_newest_turn() {
             &(
                 1usize..60,
                 20usize..600,
-                proptest::collection::vec("[a-z ]{1,120}", 60),
+                proptest::collection::vec("[a-z \t\r\n?.!'0-9é]{1,120}", 60),
             ),
             |(n, budget, texts)| {
                 let thread = format!("p{}", case.fetch_add(1, Ordering::SeqCst));
