@@ -44,6 +44,8 @@ pub struct Report {
     pub overall: BTreeMap<String, Figures>,
     /// Strategy → category → figures.
     pub per_category: BTreeMap<String, BTreeMap<u8, Figures>>,
+    /// Per strategy, per conversation (the file's stem).
+    pub per_conversation: BTreeMap<String, BTreeMap<String, Figures>>,
 }
 
 #[derive(Default)]
@@ -156,6 +158,9 @@ fn fill_grouped(
     (ids, used)
 }
 
+/// One strategy's figures: overall, per category, per conversation.
+type Tally = (Acc, BTreeMap<u8, Acc>, BTreeMap<String, Acc>);
+
 const STRATEGIES: [&str; 6] = [
     "last_n",
     "flat_vector",
@@ -203,7 +208,7 @@ pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<R
         .consolidate(ConsolidationPolicy::older_than(Duration::ZERO).max_age(Duration::ZERO))
         .await?;
     eprintln!("{report}; evaluating {} questions", questions.len());
-    let mut acc: BTreeMap<&str, (Acc, BTreeMap<u8, Acc>)> = BTreeMap::new();
+    let mut acc: BTreeMap<&str, Tally> = BTreeMap::new();
     for (thread, q) in &questions {
         let evidence: HashSet<&str> = q.evidence.iter().map(String::as_str).collect();
         for s in STRATEGIES {
@@ -260,6 +265,12 @@ pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<R
                 .entry(q.category)
                 .or_default()
                 .add(n, evidence.len(), tokens, took);
+            entry.2.entry(thread.as_str().to_owned()).or_default().add(
+                n,
+                evidence.len(),
+                tokens,
+                took,
+            );
         }
     }
     Ok(Report {
@@ -267,14 +278,23 @@ pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<R
         conversations: files.len(),
         overall: acc
             .iter()
-            .map(|(k, (a, _))| ((*k).to_owned(), a.figures()))
+            .map(|(k, (a, _, _))| ((*k).to_owned(), a.figures()))
             .collect(),
         per_category: acc
             .iter()
-            .map(|(k, (_, c))| {
+            .map(|(k, (_, c, _))| {
                 (
                     (*k).to_owned(),
                     c.iter().map(|(cat, a)| (*cat, a.figures())).collect(),
+                )
+            })
+            .collect(),
+        per_conversation: acc
+            .iter()
+            .map(|(k, (_, _, c))| {
+                (
+                    (*k).to_owned(),
+                    c.iter().map(|(t, a)| (t.clone(), a.figures())).collect(),
                 )
             })
             .collect(),
@@ -316,6 +336,31 @@ pub fn table(r: &Report) -> String {
                 cell(3),
                 cell(4)
             ));
+        }
+    }
+    let convs: Vec<&String> = r
+        .per_conversation
+        .values()
+        .next()
+        .map(|c| c.keys().collect())
+        .unwrap_or_default();
+    s.push_str("\nEvidence recall / full-hit per conversation:\n\n| strategy |");
+    for c in &convs {
+        s.push_str(&format!(" {c} |"));
+    }
+    s.push_str("\n|---|");
+    s.push_str(&"---:|".repeat(convs.len()));
+    s.push('\n');
+    for name in STRATEGIES {
+        if let Some(per) = r.per_conversation.get(name) {
+            s.push_str(&format!("| {name} |"));
+            for c in &convs {
+                let cell = per.get(*c).map_or("-".to_owned(), |f| {
+                    format!("{:.3} / {:.3}", f.evidence_recall, f.full_hit)
+                });
+                s.push_str(&format!(" {cell} |"));
+            }
+            s.push('\n');
         }
     }
     s

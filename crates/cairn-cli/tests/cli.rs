@@ -276,9 +276,14 @@ fn eval_on_a_fixture() {
     for s in ["last_n", "flat_vector", "flat_keyword", "flat_hybrid"] {
         assert!(r["overall"][s]["evidence_recall"].is_number(), "{s}");
     }
+    assert_eq!(
+        r["per_conversation"]["cairn_assemble_context"]["fixture"]["questions"],
+        2
+    );
     let table = ok(&cairn(
         &dir.path().join("unused.db"),
         &["eval", "locomo", data.to_str().unwrap(), "--budget", "400"],
     ));
     assert!(table.contains("| cairn_assemble_context |"));
+    assert!(table.contains("per conversation") && table.contains("| fixture |"));
 }
