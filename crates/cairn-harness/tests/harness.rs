@@ -584,3 +584,133 @@ fn token_counters_agree_with_their_tokenizers() {
     assert_eq!(CharEstimateCounter::default().count("abcdefgh"), 2);
     assert!(HfTokenCounter::from_file("/nonexistent/tokenizer.json").is_err());
 }
+
+/// Context recall with the real model: an answer that shares no word with the query is
+/// recalled through the question before it (and is not without the neighbours' share), and
+/// a time range in the query picks the turn of that month over its twin from another month.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_recalls_answers_and_time_ranges_by_meaning() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, minilm()).await;
+    let thread = ThreadId::new("pets").unwrap();
+    let filler = [
+        "The weather has been grey all week, lots of drizzle.",
+        "Work is busy, we ship the new release on Friday.",
+        "I watched a documentary about deep sea fish last night.",
+        "My brother started learning the violin.",
+        "The train was late again this morning.",
+        "We repainted the kitchen a pale green.",
+        "I finally finished that long fantasy novel.",
+        "The football match went to penalties.",
+        "I am trying to drink less coffee.",
+        "Our neighbours are renovating their roof.",
+        "The dog park near us is closed for repairs.",
+        "My aunt's old dog sleeps most of the day now.",
+    ];
+    let jan = chrono::DateTime::parse_from_rfc3339("2023-01-10T10:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let mar = chrono::DateTime::parse_from_rfc3339("2023-03-05T10:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let mut turns: Vec<(chrono::DateTime<chrono::Utc>, &str, String)> = Vec::new();
+    let mut push = |start: chrono::DateTime<chrono::Utc>, texts: Vec<(&'static str, String)>| {
+        for (i, (who, text)) in texts.into_iter().enumerate() {
+            let at = start + chrono::Duration::seconds(30 * i64::try_from(i).unwrap());
+            turns.push((at, who, format!("{who}: {text}")));
+        }
+    };
+    let session = |special: Vec<(&'static str, &str)>, offset: usize| {
+        let mut out: Vec<(&'static str, String)> = Vec::new();
+        for i in 0..12 {
+            let who = if i % 2 == 0 { "Ann" } else { "Bob" };
+            out.push((who, filler[(i + offset) % filler.len()].to_owned()));
+        }
+        for (k, (who, text)) in special.into_iter().enumerate() {
+            out.insert(4 + k, (who, text.to_owned()));
+        }
+        out
+    };
+    push(
+        jan,
+        session(
+            vec![
+                ("Ann", "What did you end up calling the puppy you adopted?"),
+                ("Bob", "Biscuit! He already knows how to sit and fetch."),
+                ("Ann", "I baked a loaf of sourdough bread this weekend."),
+            ],
+            0,
+        ),
+    );
+    push(
+        mar,
+        session(
+            vec![("Ann", "I baked a lemon cake for my sister this weekend.")],
+            5,
+        ),
+    );
+    let batch: Vec<NewMemory> = turns
+        .iter()
+        .map(|(at, who, content)| {
+            let mut meta = cairn_core::Metadata::new();
+            meta.insert("speaker".into(), (*who).into());
+            NewMemory::conversational(thread.clone(), Role::User, content.clone())
+                .at(*at)
+                .with_metadata(meta)
+        })
+        .collect();
+    let ids = mem.add_many(batch).await.unwrap();
+    let id_of = |needle: &str| {
+        ids[turns
+            .iter()
+            .position(|(_, _, c)| c.contains(needle))
+            .unwrap()]
+    };
+    let recalled = |ctx: &cairn_harness::AssembledContext| -> Vec<MemoryId> {
+        ctx.items
+            .iter()
+            .filter(|i| i.section == cairn_harness::Section::Recalled)
+            .map(|i| i.id)
+            .collect()
+    };
+    // Room for the newest turn and a few recalled ones.
+    let ctx = mem
+        .assemble_context("pets", "What name did they give the new dog?", 120)
+        .await
+        .unwrap();
+    assert!(ctx.tokens <= 120);
+    let got = recalled(&ctx);
+    assert!(got.contains(&id_of("Biscuit")), "{}", ctx.render());
+    // It is the question before it that brings the answer in: without the neighbours'
+    // share, turns about other dogs take its place.
+    let alone = cairn_harness::ContextOptions {
+        weights: cairn_harness::RecallWeights {
+            neighbor: 0.0,
+            ..cairn_harness::RecallWeights::default()
+        },
+        ..cairn_harness::ContextOptions::default()
+    };
+    let ctx = mem
+        .assemble_context_with("pets", "What name did they give the new dog?", 120, alone)
+        .await
+        .unwrap();
+    assert!(
+        !recalled(&ctx).contains(&id_of("Biscuit")),
+        "{}",
+        ctx.render()
+    );
+    let ctx = mem
+        .assemble_context("pets", "What did Ann bake in March 2023?", 80)
+        .await
+        .unwrap();
+    let got = recalled(&ctx);
+    assert!(got.contains(&id_of("lemon cake")), "{}", ctx.render());
+    assert!(!got.contains(&id_of("sourdough")), "{}", ctx.render());
+    let ctx = mem
+        .assemble_context("pets", "What did Ann bake in January 2023?", 80)
+        .await
+        .unwrap();
+    let got = recalled(&ctx);
+    assert!(got.contains(&id_of("sourdough")), "{}", ctx.render());
+    assert!(!got.contains(&id_of("lemon cake")), "{}", ctx.render());
+}

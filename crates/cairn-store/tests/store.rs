@@ -817,6 +817,36 @@ fn recent_returns_newest_oldest_first() {
         all.iter().map(|m| (m.created_at, m.id)).collect::<Vec<_>>()
     );
     assert_eq!(timeline.len(), 10);
+    // The tagged timeline adds index ids (the ones `hits` reads), lengths and one metadata
+    // string; a memory without that key, or with a non-string value, has no tag.
+    let tagged = store.timeline_tagged(&c, "speaker").unwrap();
+    assert_eq!(
+        tagged.iter().map(|e| (e.at, e.id)).collect::<Vec<_>>(),
+        timeline
+    );
+    assert!(tagged.iter().all(|e| e.tag.is_none()));
+    assert_eq!(tagged[3].chars, "turn 3 of c".len());
+    let read = store.hits(vec![(tagged[3].vid, 1.0)]).unwrap();
+    assert_eq!(read[0].memory.id, tagged[3].id);
+    let mut meta = cairn_core::Metadata::new();
+    meta.insert("speaker".into(), "Ann \"A\" Lee".into());
+    meta.insert("n".into(), 3.into());
+    let d = ThreadId::new("d").unwrap();
+    store
+        .insert(turn("d", 0).with_metadata(meta), vec![1.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    let d = Filter::all().thread(d);
+    assert_eq!(
+        store.timeline_tagged(&d, "speaker").unwrap()[0]
+            .tag
+            .as_deref(),
+        Some("Ann \"A\" Lee")
+    );
+    assert_eq!(store.timeline_tagged(&d, "n").unwrap()[0].tag, None);
+    assert_eq!(
+        store.timeline_tagged(&d, "missing\"key").unwrap()[0].tag,
+        None
+    );
     let ids: Vec<MemoryId> = timeline.iter().rev().map(|(_, id)| *id).collect();
     let many = store.get_many(&ids).unwrap();
     assert_eq!(many.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
