@@ -381,7 +381,7 @@ fn assemble_with(
     //    chunks, best first, so the turns that do not make it are never decoded.
     let mut recalled: Vec<ContextItem> = Vec::new();
     if !query.trim().is_empty() && used < budget {
-        let timeline = inner.store.timeline_tagged(&turns_filter, "speaker")?;
+        let timeline = inner.store.timeline_entries(&turns_filter)?;
         let depth = options.recall_depth.max(1);
         let keyword = inner
             .store
@@ -396,7 +396,6 @@ fn assemble_with(
         let scores = score_timeline(&timeline, &vector, &keyword, query, &options.weights);
         let mut order: Vec<usize> = (0..timeline.len())
             .filter(|&i| oldest_recent.is_none_or(|t| timeline[i].at < t))
-            .filter(|&i| !taken.contains(&timeline[i].id))
             .collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
         order.truncate(MAX_TRIED);

@@ -159,7 +159,7 @@ pub(crate) fn score_timeline(
     }
     if let Some(who) = named_speaker(timeline, query) {
         for (s, e) in out.iter_mut().zip(timeline) {
-            if e.tag.as_deref() == Some(who) {
+            if e.speaker.as_deref() == Some(who) {
                 *s += w.speaker;
             }
         }
@@ -184,7 +184,10 @@ fn named_speaker<'a>(timeline: &'a [TimelineEntry], query: &str) -> Option<&'a s
         .filter(|w| !w.is_empty())
         .map(str::to_lowercase)
         .collect();
-    let names: HashSet<&str> = timeline.iter().filter_map(|e| e.tag.as_deref()).collect();
+    let names: HashSet<&str> = timeline
+        .iter()
+        .filter_map(|e| e.speaker.as_deref())
+        .collect();
     let mut named = names.into_iter().filter(|name| {
         let parts: Vec<String> = name
             .split(|c: char| !c.is_alphanumeric())
@@ -306,7 +309,6 @@ pub(crate) fn time_range(text: &str) -> Option<(NaiveDate, NaiveDate)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cairn_core::MemoryId;
     use chrono::DateTime;
 
     fn ymd(y: i32, m: u32, d: u32) -> NaiveDate {
@@ -355,9 +357,8 @@ mod tests {
     fn entry(i: i64, vid: u64, speaker: &str) -> TimelineEntry {
         TimelineEntry {
             at: DateTime::from_timestamp(1_700_000_000 + i * 30, 0).unwrap(),
-            id: MemoryId::new(),
             vid,
-            tag: Some(speaker.to_owned()),
+            speaker: Some(speaker.to_owned()),
             chars: 40,
         }
     }

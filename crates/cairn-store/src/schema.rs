@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -59,6 +59,15 @@ CREATE VIRTUAL TABLE memories_fts USING fts5 (
     r#"
 DROP INDEX memories_thread_time;
 CREATE INDEX memories_thread_time ON memories (thread_id, created_at, kind, level, vid);
+"#,
+    // 3: the thread index also covers what ranking a thread's turns needs (speaker and
+    // length), so a thread's timeline reads the index alone.
+    r#"
+DROP INDEX memories_thread_time;
+CREATE INDEX memories_thread_time ON memories (
+    thread_id, created_at, kind, level, vid,
+    json_extract(metadata, '$.speaker'), length(content)
+);
 "#,
 ];
 

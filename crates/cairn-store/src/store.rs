@@ -821,23 +821,20 @@ impl Store {
         })
     }
 
-    /// [`Self::timeline`] with each memory's index id, content length and one string of its
-    /// metadata (the value under `key`, when it is a string): what ranking a thread's turns
-    /// needs without decoding their contents — a turn's neighbours in time, its length and,
-    /// with `key` = `"speaker"`, who said it.
-    pub fn timeline_tagged(&self, filter: &Filter, key: &str) -> Result<Vec<TimelineEntry>> {
+    /// A thread's timeline for ranking its turns, read from the thread index alone: each
+    /// admitted memory's time, index id, content length and speaker (the string its
+    /// metadata holds under `"speaker"`, if any), oldest first (ties by insertion).
+    pub fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql();
-        // The key goes in as a JSON path parameter, quoted so any key is one member name.
-        let mut all = vec![Value::Text(format!("$.\"{}\"", key.replace('"', "")))];
-        all.append(&mut args);
+        let (cond, args) = filter.sql();
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
-                "SELECT m.created_at, m.id, m.vid, json_extract(m.metadata, ?), length(m.content) \
-                 FROM memories m WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
+                "SELECT m.created_at, m.vid, json_extract(m.metadata, '$.speaker'), \
+                 length(m.content) FROM memories m WHERE 1 = 1{cond} \
+                 ORDER BY m.created_at, m.rid"
             ))?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(all.iter()), |r| {
-                let tag = match r.get_ref(3)? {
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                let speaker = match r.get_ref(2)? {
                     rusqlite::types::ValueRef::Text(t) => {
                         Some(String::from_utf8_lossy(t).into_owned())
                     }
@@ -845,20 +842,18 @@ impl Store {
                 };
                 Ok((
                     r.get::<_, i64>(0)?,
-                    r.get::<_, [u8; 16]>(1)?,
-                    r.get::<_, i64>(2)?,
-                    tag,
-                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(1)?,
+                    speaker,
+                    r.get::<_, i64>(3)?,
                 ))
             })?;
             let mut out = Vec::new();
             for row in rows {
-                let (t, id, vid, tag, chars) = row?;
+                let (t, vid, speaker, chars) = row?;
                 out.push(TimelineEntry {
                     at: from_micros(t),
-                    id: MemoryId::from_bytes(id),
                     vid: u64::try_from(vid).unwrap_or(u64::MAX),
-                    tag,
+                    speaker,
                     chars: usize::try_from(chars).unwrap_or(0),
                 });
             }
@@ -1624,17 +1619,15 @@ fn rebuild(conn: &Connection, shared: &Shared, why: Option<String>) -> Result<()
     Ok(())
 }
 
-/// One memory on a timeline (see [`Store::timeline_tagged`]).
+/// One memory on a timeline (see [`Store::timeline_entries`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimelineEntry {
     /// When it happened.
     pub at: DateTime<Utc>,
-    /// Its id.
-    pub id: MemoryId,
     /// Its index id (as in [`Store::search_vector_ids`] and [`Store::hits`]).
     pub vid: u64,
-    /// The string its metadata holds under the requested key, if any.
-    pub tag: Option<String>,
+    /// Who said it: the string its metadata holds under `"speaker"`, if any.
+    pub speaker: Option<String>,
     /// Length of its content in characters.
     pub chars: usize,
 }

@@ -817,36 +817,36 @@ fn recent_returns_newest_oldest_first() {
         all.iter().map(|m| (m.created_at, m.id)).collect::<Vec<_>>()
     );
     assert_eq!(timeline.len(), 10);
-    // The tagged timeline adds index ids (the ones `hits` reads), lengths and one metadata
-    // string; a memory without that key, or with a non-string value, has no tag.
-    let tagged = store.timeline_tagged(&c, "speaker").unwrap();
+    // The detailed timeline has index ids (the ones `hits` reads), lengths and speakers
+    // (metadata `speaker` when it is a string).
+    let entries = store.timeline_entries(&c).unwrap();
     assert_eq!(
-        tagged.iter().map(|e| (e.at, e.id)).collect::<Vec<_>>(),
-        timeline
+        entries.iter().map(|e| e.at).collect::<Vec<_>>(),
+        timeline.iter().map(|(at, _)| *at).collect::<Vec<_>>()
     );
-    assert!(tagged.iter().all(|e| e.tag.is_none()));
-    assert_eq!(tagged[3].chars, "turn 3 of c".len());
-    let read = store.hits(vec![(tagged[3].vid, 1.0)]).unwrap();
-    assert_eq!(read[0].memory.id, tagged[3].id);
-    let mut meta = cairn_core::Metadata::new();
-    meta.insert("speaker".into(), "Ann \"A\" Lee".into());
-    meta.insert("n".into(), 3.into());
-    let d = ThreadId::new("d").unwrap();
-    store
-        .insert(turn("d", 0).with_metadata(meta), vec![1.0, 0.0, 0.0, 0.0])
-        .unwrap();
-    let d = Filter::all().thread(d);
-    assert_eq!(
-        store.timeline_tagged(&d, "speaker").unwrap()[0]
-            .tag
-            .as_deref(),
-        Some("Ann \"A\" Lee")
-    );
-    assert_eq!(store.timeline_tagged(&d, "n").unwrap()[0].tag, None);
-    assert_eq!(
-        store.timeline_tagged(&d, "missing\"key").unwrap()[0].tag,
-        None
-    );
+    assert!(entries.iter().all(|e| e.speaker.is_none()));
+    assert_eq!(entries[3].chars, "turn 3 of c".len());
+    let read = store.hits(vec![(entries[3].vid, 1.0)]).unwrap();
+    assert_eq!(read[0].memory.id, timeline[3].1);
+    for (value, want) in [
+        (
+            serde_json::Value::from("Ann \"A\" Lee"),
+            Some("Ann \"A\" Lee"),
+        ),
+        (serde_json::Value::from(3), None),
+    ] {
+        let mut meta = cairn_core::Metadata::new();
+        meta.insert("speaker".into(), value);
+        let d = ThreadId::new(format!("d{}", want.is_some())).unwrap();
+        store
+            .insert(
+                turn(d.as_str(), 0).with_metadata(meta),
+                vec![1.0, 0.0, 0.0, 0.0],
+            )
+            .unwrap();
+        let e = store.timeline_entries(&Filter::all().thread(d)).unwrap();
+        assert_eq!(e[0].speaker.as_deref(), want);
+    }
     let ids: Vec<MemoryId> = timeline.iter().rev().map(|(_, id)| *id).collect();
     let many = store.get_many(&ids).unwrap();
     assert_eq!(many.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
@@ -893,14 +893,49 @@ fn version_1_databases_are_migrated() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, cairn_store::SCHEMA_VERSION);
-    let cols: Vec<String> = c
+    let cols: Vec<Option<String>> = c
         .prepare("SELECT name FROM pragma_index_info('memories_thread_time') ORDER BY seqno")
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
         .map(Result::unwrap)
         .collect();
-    assert_eq!(cols, ["thread_id", "created_at", "kind", "level", "vid"]);
+    // The last two are expressions (speaker, content length): no column name.
+    assert_eq!(
+        cols,
+        [
+            Some("thread_id"),
+            Some("created_at"),
+            Some("kind"),
+            Some("level"),
+            Some("vid"),
+            None,
+            None
+        ]
+        .map(|c| c.map(str::to_owned))
+    );
+    // A thread's timeline (what context assembly reads on every call) reads the index alone.
+    let plan: Vec<String> = c
+        .prepare(
+            "EXPLAIN QUERY PLAN SELECT m.created_at, m.vid, json_extract(m.metadata, '$.speaker'), \
+             length(m.content) FROM memories m WHERE 1 = 1 AND m.kind IN (?, ?) \
+             AND m.thread_id = ? ORDER BY m.created_at, m.rid",
+        )
+        .unwrap()
+        .query_map(["conversational", "tool_log", "t"], |r| r.get(3))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        plan.iter()
+            .any(|p| p.contains("COVERING INDEX memories_thread_time")),
+        "{plan:?}"
+    );
+    let tagged = store
+        .timeline_entries(&Filter::all().thread(t.clone()))
+        .unwrap();
+    assert_eq!(tagged.len(), 50);
+    assert_eq!(tagged[7].chars, "turn 7".len());
     let all = store.recent(&Filter::all().thread(t.clone()), 100).unwrap();
     assert_eq!(all.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
     let hits = store
