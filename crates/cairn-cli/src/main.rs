@@ -162,7 +162,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum EvalCommand {
-    /// Evidence recall of several context strategies on LoCoMo conversations.
+    /// Evidence recall of several context strategies on LoCoMo conversations: overall, per
+    /// question category and per conversation.
     Locomo {
         dir: PathBuf,
         #[arg(long, default_value_t = 2000)]
