@@ -176,24 +176,24 @@ pub(crate) fn score_timeline(
     out
 }
 
+/// The words of `text` (runs of letters and digits), lowercased.
+fn lower_words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
 /// The one speaker of the timeline that `query` names (as a whole word or words, any case);
 /// `None` when it names none or several.
 fn named_speaker<'a>(timeline: &'a [TimelineEntry], query: &str) -> Option<&'a str> {
-    let words: Vec<String> = query
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .collect();
+    let words = lower_words(query);
     let names: HashSet<&str> = timeline
         .iter()
         .filter_map(|e| e.speaker.as_deref())
         .collect();
     let mut named = names.into_iter().filter(|name| {
-        let parts: Vec<String> = name
-            .split(|c: char| !c.is_alphanumeric())
-            .filter(|w| !w.is_empty())
-            .map(str::to_lowercase)
-            .collect();
+        let parts = lower_words(name);
         !parts.is_empty() && words.windows(parts.len()).any(|w| w == parts.as_slice())
     });
     let first = named.next()?;
