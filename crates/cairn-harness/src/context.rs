@@ -313,7 +313,6 @@ fn assemble_with(
         .thread(thread.clone())
         .kinds([MemoryKind::Conversational, MemoryKind::ToolLog]);
     let mut used = 0usize;
-    let mut taken: HashSet<MemoryId> = HashSet::new();
 
     // 1. Recent turns, newest first, within their share; the newest always.
     let recent_pool = inner.store.recent(&turns_filter, 64)?;
@@ -339,7 +338,6 @@ fn assemble_with(
             break;
         }
         used += it.tokens;
-        taken.insert(it.id);
         recent.push(it);
     }
     recent.reverse();
@@ -370,7 +368,6 @@ fn assemble_with(
             continue;
         }
         used += it.tokens;
-        taken.insert(it.id);
         summaries.push(it);
     }
     summaries.sort_by_key(|i| i.created_at);
@@ -413,12 +410,12 @@ fn assemble_with(
                 }
                 let m = hit.memory;
                 let cost = block.cost(&m.content, m.created_at);
-                if taken.contains(&m.id) || used + cost > budget {
+                // (Turns only, older than the recent ones: none is in the context yet.)
+                if used + cost > budget {
                     continue;
                 }
                 used += cost;
                 block.add(m.created_at);
-                taken.insert(m.id);
                 let mut it = owned_item(m, Section::Recalled);
                 it.tokens = cost;
                 recalled.push(it);

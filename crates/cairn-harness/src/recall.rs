@@ -99,12 +99,7 @@ pub(crate) fn score_timeline(
     let v: HashMap<u64, f32> = vector.iter().copied().collect();
     let k: HashMap<u64, f32> = keyword.iter().copied().collect();
     // Vector: turns beyond the searched depth count as the lowest score found.
-    let floor = vector
-        .iter()
-        .map(|h| h.1)
-        .fold(f32::INFINITY, f32::min)
-        .min(1.0);
-    let floor = if floor.is_finite() { floor } else { 0.0 };
+    let floor = vector.iter().map(|h| h.1).reduce(f32::min).unwrap_or(0.0);
     let mut vs: Vec<f32> = timeline
         .iter()
         .map(|e| v.get(&e.vid).copied().unwrap_or(floor))

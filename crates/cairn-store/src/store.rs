@@ -799,28 +799,6 @@ impl Store {
         Ok(found)
     }
 
-    /// When and which: (created_at, id) of every memory admitted by `filter`, oldest first
-    /// (ties by insertion), without reading contents — a thread's timeline, for finding a
-    /// memory's neighbours in time.
-    pub fn timeline(&self, filter: &Filter) -> Result<Vec<(DateTime<Utc>, MemoryId)>> {
-        filter.validate()?;
-        let (cond, args) = filter.sql();
-        self.read(|c| {
-            let mut stmt = c.prepare_cached(&format!(
-                "SELECT m.created_at, m.id FROM memories m WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
-            ))?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, [u8; 16]>(1)?))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (t, id) = row?;
-                out.push((from_micros(t), MemoryId::from_bytes(id)));
-            }
-            Ok(out)
-        })
-    }
-
     /// A thread's timeline for ranking its turns, read from the thread index alone: each
     /// admitted memory's time, index id, content length and speaker (the string its
     /// metadata holds under `"speaker"`, if any), oldest first (ties by insertion).
