@@ -1,15 +1,16 @@
 //! Context assembly: what to send to a model for the next turn of a thread.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
-use cairn_store::Filter;
+use cairn_store::{Filter, TimelineEntry};
 
 use crate::harness::{blocking, Inner};
-use crate::recall::{score_timeline, RecallWeights};
+use crate::recall::{score_timeline, vector_query, RecallWeights};
 use crate::{HarnessError, MemoryHarness, Result};
 
 /// Why a piece is in the context.
@@ -205,8 +206,10 @@ impl AssembledContext {
 }
 
 /// How the budget is shared, and how turns are ranked for recall. Shares are of the budget;
-/// what one part leaves unused goes to recall.
+/// what one part leaves unused goes to recall. Fields left out of a serialized value take
+/// their defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ContextOptions {
     /// For the most recent turns. Default 0.1.
     pub recent_share: f64,
@@ -276,6 +279,25 @@ fn join_vector(pending: PendingVector<'_>) -> Result<Vec<f32>> {
         .map_err(|_| HarnessError::Task("the query embedding panicked".into()))?
 }
 
+fn turns_filter(thread: &ThreadId) -> Filter {
+    Filter::all()
+        .thread(thread.clone())
+        .kinds([MemoryKind::Conversational, MemoryKind::ToolLog])
+}
+
+/// The text embedded for `query` (see [`RecallWeights::names_out_of_vector`]).
+fn vector_text<'q>(
+    query: &'q str,
+    timeline: &[TimelineEntry],
+    options: &ContextOptions,
+) -> Cow<'q, str> {
+    if options.weights.names_out_of_vector {
+        vector_query(query, timeline)
+    } else {
+        Cow::Borrowed(query)
+    }
+}
+
 pub(crate) fn assemble_blocking(
     inner: &Inner,
     thread: &ThreadId,
@@ -284,13 +306,26 @@ pub(crate) fn assemble_blocking(
     options: &ContextOptions,
 ) -> Result<AssembledContext> {
     if query.trim().is_empty() {
-        return assemble_with(inner, thread, query, budget, options, &mut None);
+        return assemble_with(inner, thread, query, budget, options, Vec::new(), &mut None);
     }
-    // The model embeds the query while the thread's recent turns, summaries, timeline and
-    // keyword matches are read here: none of them needs the vector.
+    // The thread's timeline (every turn's time, index id, speaker and length) is read
+    // first: the query's vector leaves the speakers' names out.
+    let timeline = inner.store.timeline_entries(&turns_filter(thread))?;
+    let vector_text = vector_text(query, &timeline, options);
+    // The model embeds the query while the thread's recent turns, summaries and keyword
+    // matches are read here: none of them needs the vector.
     std::thread::scope(|s| {
-        let mut pending = Some(s.spawn(|| inner.embedder.embed_one(query).map_err(Into::into)));
-        let out = assemble_with(inner, thread, query, budget, options, &mut pending);
+        let mut pending =
+            Some(s.spawn(|| inner.embedder.embed_one(&vector_text).map_err(Into::into)));
+        let out = assemble_with(
+            inner,
+            thread,
+            query,
+            budget,
+            options,
+            timeline,
+            &mut pending,
+        );
         // Not needed after all (no budget left for recall, or an error): still joined here,
         // so a panic there is not re-raised by the scope.
         if let Some(p) = pending.take() {
@@ -300,18 +335,19 @@ pub(crate) fn assemble_blocking(
     })
 }
 
+/// Assembles the context; `timeline` is the thread's (empty when the query is), `pending`
+/// the query's vector being computed.
 fn assemble_with(
     inner: &Inner,
     thread: &ThreadId,
     query: &str,
     budget: usize,
     options: &ContextOptions,
+    timeline: Vec<TimelineEntry>,
     pending: &mut Option<PendingVector<'_>>,
 ) -> Result<AssembledContext> {
     let counter = inner.token_counter.as_ref();
-    let turns_filter = Filter::all()
-        .thread(thread.clone())
-        .kinds([MemoryKind::Conversational, MemoryKind::ToolLog]);
+    let turns_filter = turns_filter(thread);
     let mut used = 0usize;
 
     // 1. Recent turns, newest first, within their share; the newest always.
@@ -378,14 +414,15 @@ fn assemble_with(
     //    chunks, best first, so the turns that do not make it are never decoded.
     let mut recalled: Vec<ContextItem> = Vec::new();
     if !query.trim().is_empty() && used < budget {
-        let timeline = inner.store.timeline_entries(&turns_filter)?;
         let depth = options.recall_depth.max(1);
         let keyword = inner
             .store
             .search_keyword_ids(query, depth, &turns_filter)?;
         let qv = match pending.take() {
             Some(p) => join_vector(p)?,
-            None => inner.embedder.embed_one(query)?,
+            None => inner
+                .embedder
+                .embed_one(&vector_text(query, &timeline, options))?,
         };
         let vector = inner
             .store

@@ -18,6 +18,7 @@
 //! Measured on LoCoMo (docs/evaluation.md): each part was added only when it raised evidence
 //! recall there, and the weights are round values from flat optima, not fitted per question.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use chrono::{Duration, NaiveDate};
@@ -25,8 +26,10 @@ use serde::{Deserialize, Serialize};
 
 use cairn_store::TimelineEntry;
 
-/// How turns are scored for recall (see the module documentation).
+/// How turns are scored for recall (see the module documentation). Fields left out of a
+/// serialized value take their defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RecallWeights {
     /// Weight of the standardised vector score; the keyword score gets the rest. Default 0.6.
     pub vector: f32,
@@ -41,6 +44,11 @@ pub struct RecallWeights {
     pub time: f32,
     /// Largest gap between two turns of one stretch of conversation. Default 12 hours.
     pub stretch_gap_secs: i64,
+    /// Whether the query's vector is computed with the names of the thread's speakers
+    /// replaced by "someone": a name pulls a small model's vector toward every turn of that
+    /// speaker, whatever the turn says, and the speaker bonus scores who speaks instead.
+    /// Default true.
+    pub names_out_of_vector: bool,
 }
 
 impl Default for RecallWeights {
@@ -52,6 +60,7 @@ impl Default for RecallWeights {
             speaker: 0.3,
             time: 0.6,
             stretch_gap_secs: 12 * 3600,
+            names_out_of_vector: true,
         }
     }
 }
@@ -193,6 +202,73 @@ fn named_speaker<'a>(timeline: &'a [TimelineEntry], query: &str) -> Option<&'a s
     });
     let first = named.next()?;
     named.next().is_none().then_some(first)
+}
+
+/// `query` as it is embedded for recall: every whole-word mention of one of the timeline's
+/// speakers (any case, the longest name first) replaced by "someone"; `query` itself when it
+/// names none.
+///
+/// A speaker's turns start with their name (`Speaker: text`) and a small embedding model
+/// weighs names heavily, so a name in the query pulls its vector toward every turn of that
+/// speaker, whatever the turn says. Who speaks is scored by the speaker bonus instead, and
+/// the vector is left to say what the query is about. (Measured on LoCoMo dev:
+/// docs/evaluation.md.)
+pub(crate) fn vector_query<'q>(query: &'q str, timeline: &[TimelineEntry]) -> Cow<'q, str> {
+    let names: HashSet<&str> = timeline
+        .iter()
+        .filter_map(|e| e.speaker.as_deref())
+        .collect();
+    let mut names: Vec<Vec<String>> = names
+        .into_iter()
+        .map(lower_words)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if names.is_empty() {
+        return Cow::Borrowed(query);
+    }
+    names.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    // The query's words, with their byte ranges.
+    let mut words: Vec<(usize, usize, String)> = Vec::new();
+    let mut start = None;
+    for (i, c) in query
+        .char_indices()
+        .chain(std::iter::once((query.len(), ' ')))
+    {
+        match (start, c.is_alphanumeric()) {
+            (None, true) => start = Some(i),
+            (Some(s), false) => {
+                words.push((s, i, query[s..i].to_lowercase()));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    let mut out = String::with_capacity(query.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while i < words.len() {
+        let matched = names.iter().find(|p| {
+            words.len() - i >= p.len()
+                && words[i..i + p.len()]
+                    .iter()
+                    .zip(p.iter())
+                    .all(|(w, n)| &w.2 == n)
+        });
+        if let Some(p) = matched {
+            let (from, to) = (words[i].0, words[i + p.len() - 1].1);
+            out.push_str(&query[copied..from]);
+            out.push_str("someone");
+            copied = to;
+            i += p.len();
+        } else {
+            i += 1;
+        }
+    }
+    if copied == 0 {
+        return Cow::Borrowed(query);
+    }
+    out.push_str(&query[copied..]);
+    Cow::Owned(out)
 }
 
 const MONTHS: [&str; 12] = [
@@ -356,6 +432,36 @@ mod tests {
             speaker: Some(speaker.to_owned()),
             chars: 40,
         }
+    }
+
+    #[test]
+    fn speaker_names_are_left_out_of_the_vector_query() {
+        let t = vec![
+            entry(0, 0, "Ann Lee"),
+            entry(1, 1, "Bob"),
+            entry(2, 2, "Ann"),
+        ];
+        // Whole words, any case, the longest name first, possessives kept.
+        assert_eq!(
+            vector_query("What did ann lee's brother and BOB cook?", &t),
+            "What did someone's brother and someone cook?"
+        );
+        assert_eq!(vector_query("Ann: and Ann Lee", &t), "someone: and someone");
+        // Not inside other words; other names stay.
+        assert_eq!(
+            vector_query("Did Annie meet Bobby?", &t),
+            "Did Annie meet Bobby?"
+        );
+        assert!(matches!(vector_query("no names", &t), Cow::Borrowed(_)));
+        // Non-ASCII text around a name keeps its characters.
+        assert_eq!(
+            vector_query("Était-ce Bob, café?", &t),
+            "Était-ce someone, café?"
+        );
+        // A timeline without speakers changes nothing.
+        let mut anon = entry(0, 0, "x");
+        anon.speaker = None;
+        assert_eq!(vector_query("Bob?", &[anon]), "Bob?");
     }
 
     #[test]

@@ -714,3 +714,121 @@ async fn context_recalls_answers_and_time_ranges_by_meaning() {
     assert!(got.contains(&id_of("sourdough")), "{}", ctx.render());
     assert!(!got.contains(&id_of("lemon cake")), "{}", ctx.render());
 }
+
+/// With the real model, a speaker's name in the query pulls its vector toward every turn
+/// that names them: greetings full of "Gina" outrank what Gina said about the question's
+/// topic. The query's vector leaves the thread's speakers' names out (the speaker bonus
+/// scores who speaks), and the answers come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_vector_leaves_speaker_names_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, minilm()).await;
+    let thread = ThreadId::new("friends").unwrap();
+    let chat = [
+        ("Gina", "Hey Jon! Long time no see, Jon! How are you doing?"),
+        ("Jon", "Gina! So good to hear from you, Gina."),
+        ("Gina", "Thanks Jon, you're the best, Jon!"),
+        ("Jon", "Haha, anytime Gina. Talk soon!"),
+        ("Jon", "Gina, you always make me laugh."),
+        ("Gina", "Jon, I miss our chats so much."),
+        (
+            "Jon",
+            "My studio is doing great, lots of new students this season.",
+        ),
+        ("Gina", "My clothing store had its best month ever."),
+        (
+            "Jon",
+            "The weather has been grey all week, lots of drizzle.",
+        ),
+        (
+            "Gina",
+            "I watched a documentary about deep sea fish last night.",
+        ),
+    ];
+    // One session per pair, three days apart: the chatter, with the answer in the middle.
+    let pairs = [
+        (
+            "Which pet did Gina adopt?",
+            "Meet Pepper, the tabby kitten from the shelter!",
+        ),
+        (
+            "What instrument is Gina learning?",
+            "My cello teacher says my bowing is getting better.",
+        ),
+        (
+            "Where did Gina travel on holiday?",
+            "Just back from two weeks in Lisbon, the pastries were amazing.",
+        ),
+        (
+            "What sport does Gina play?",
+            "Our volleyball team won the league final on Sunday.",
+        ),
+        (
+            "What is Gina studying?",
+            "The marine biology course starts with a field trip to the coast.",
+        ),
+        (
+            "What did Gina cook for dinner?",
+            "I made a spicy lentil curry with fresh coriander.",
+        ),
+    ];
+    let t0 = chrono::DateTime::parse_from_rfc3339("2023-01-10T10:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let mut batch = Vec::new();
+    for (s, (_, answer)) in pairs.iter().enumerate() {
+        let mut texts: Vec<(&str, &str)> = chat.to_vec();
+        texts.insert(5, ("Gina", answer));
+        for (i, (who, text)) in texts.into_iter().enumerate() {
+            let mut meta = cairn_core::Metadata::new();
+            meta.insert("speaker".into(), who.into());
+            let at = t0
+                + chrono::Duration::days(3 * i64::try_from(s).unwrap())
+                + chrono::Duration::seconds(30 * i64::try_from(i).unwrap());
+            batch.push(
+                NewMemory::conversational(thread.clone(), Role::User, format!("{who}: {text}"))
+                    .at(at)
+                    .with_metadata(meta),
+            );
+        }
+    }
+    mem.add_many(batch).await.unwrap();
+    // Room for the newest turn and about two recalled ones.
+    let recalls = |names_out: bool, question: &'static str, answer: &'static str| {
+        let mem = &mem;
+        async move {
+            let options = cairn_harness::ContextOptions {
+                weights: cairn_harness::RecallWeights {
+                    names_out_of_vector: names_out,
+                    ..cairn_harness::RecallWeights::default()
+                },
+                ..cairn_harness::ContextOptions::default()
+            };
+            let ctx = mem
+                .assemble_context_with("friends", question, 80, options)
+                .await
+                .unwrap();
+            assert!(ctx.tokens <= 80);
+            ctx.items.iter().any(|i| {
+                i.section == cairn_harness::Section::Recalled && i.content.contains(answer)
+            })
+        }
+    };
+    let mut with = 0;
+    let mut without = 0;
+    for (question, answer) in pairs {
+        with += usize::from(recalls(true, question, answer).await);
+        without += usize::from(recalls(false, question, answer).await);
+    }
+    assert_eq!(with, pairs.len(), "names out of the vector (the default)");
+    assert!(
+        without < with,
+        "names in the vector: {without} of {}",
+        pairs.len()
+    );
+    // Two of them, case by case.
+    for (question, answer) in [pairs[1], pairs[5]] {
+        assert!(recalls(true, question, answer).await, "{question}");
+        assert!(!recalls(false, question, answer).await, "{question}");
+    }
+}
