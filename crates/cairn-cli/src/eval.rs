@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use cairn_core::{MemoryKind, MemoryUnit, ThreadId};
 use cairn_harness::import::{parse_locomo, LocomoQuestion};
 use cairn_harness::{
-    ConsolidationPolicy, MemoryHarness, RecalledBlockCost, SearchMode, SearchOptions,
+    ConsolidationPolicy, ContextOptions, MemoryHarness, RecalledBlockCost, SearchMode,
+    SearchOptions,
 };
 use serde::Serialize;
 
@@ -161,7 +162,8 @@ fn fill_grouped(
 /// One strategy's figures: overall, per category, per conversation.
 type Tally = (Acc, BTreeMap<u8, Acc>, BTreeMap<String, Acc>);
 
-const STRATEGIES: [&str; 6] = [
+/// The strategies measured, in the report's order.
+pub const STRATEGIES: [&str; 6] = [
     "last_n",
     "flat_vector",
     "flat_keyword",
@@ -176,7 +178,25 @@ const STRATEGIES: [&str; 6] = [
 /// With `store`, that file is used instead of a temporary one; when it already holds the
 /// conversations (a previous run), importing adds nothing and consolidation finds nothing
 /// new, so repeated runs skip straight to the questions.
-pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<Report> {
+/// `options` are `assemble_context`'s; `only` restricts the run to the strategies it names
+/// (all of them when empty).
+pub async fn locomo(
+    dir: &Path,
+    budget: usize,
+    store: Option<&Path>,
+    options: ContextOptions,
+    only: &[String],
+) -> Result<Report> {
+    if let Some(bad) = only.iter().find(|s| !STRATEGIES.contains(&s.as_str())) {
+        anyhow::bail!(
+            "unknown strategy {bad:?}; the strategies are {}",
+            STRATEGIES.join(", ")
+        );
+    }
+    let strategies: Vec<&str> = STRATEGIES
+        .into_iter()
+        .filter(|s| only.is_empty() || only.iter().any(|o| o == s))
+        .collect();
     let tmp = tempfile::tempdir()?;
     let path = store.map_or_else(|| tmp.path().join("eval.db"), Path::to_path_buf);
     let mem = MemoryHarness::open(&path).await?;
@@ -211,7 +231,7 @@ pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<R
     let mut acc: BTreeMap<&str, Tally> = BTreeMap::new();
     for (thread, q) in &questions {
         let evidence: HashSet<&str> = q.evidence.iter().map(String::as_str).collect();
-        for s in STRATEGIES {
+        for &s in &strategies {
             let t = Instant::now();
             let (found, tokens) = match s {
                 "last_n" => {
@@ -221,7 +241,7 @@ pub async fn locomo(dir: &Path, budget: usize, store: Option<&Path>) -> Result<R
                 }
                 "cairn_assemble_context" => {
                     let ctx = mem
-                        .assemble_context(thread.as_str(), &q.question, budget)
+                        .assemble_context_with(thread.as_str(), &q.question, budget, options)
                         .await?;
                     let ids = ctx
                         .items

@@ -15,8 +15,8 @@ use anyhow::{bail, Context, Result};
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, NewMemory, Role, ThreadId};
 use cairn_harness::import::{parse_jsonl, parse_locomo, JsonlRecord};
 use cairn_harness::{
-    ConsolidationPolicy, DeletePolicy, Filter, MemoryHarness, OpenAiSummarizer, SearchMode,
-    SearchOptions, SummaryTree,
+    ConsolidationPolicy, ContextOptions, DeletePolicy, Filter, MemoryHarness, OpenAiSummarizer,
+    SearchMode, SearchOptions, SummaryTree,
 };
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -150,6 +150,10 @@ enum Command {
         /// JSONL lines {"thread", "query", "budget"}; one JSON result per line.
         #[arg(long)]
         batch: Option<PathBuf>,
+        /// Context options as JSON (fields left out keep their defaults), e.g.
+        /// '{"recent_share": 0.05, "weights": {"neighbor": 0}}'.
+        #[arg(long, value_name = "JSON")]
+        options: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -171,9 +175,33 @@ enum EvalCommand {
         /// Keep the evaluation store in this file (reused by later runs).
         #[arg(long)]
         store: Option<PathBuf>,
+        /// Options for `assemble_context` as JSON (fields left out keep their defaults),
+        /// e.g. '{"weights": {"names_out_of_vector": false}}'.
+        #[arg(long, value_name = "JSON")]
+        options: Option<String>,
+        /// Run only this strategy (repeatable): last_n, flat_vector, flat_keyword,
+        /// flat_hybrid, flat_hybrid_grouped, cairn_assemble_context.
+        #[arg(long = "strategy", value_name = "NAME")]
+        strategies: Vec<String>,
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--options`: a JSON object of `ContextOptions` fields; the defaults without it.
+fn context_options(json: Option<&str>) -> Result<ContextOptions> {
+    json.map_or_else(
+        || Ok(ContextOptions::default()),
+        |j| {
+            serde_json::from_str(j).with_context(|| {
+                format!(
+                    "--options: not valid context options ({j}); expected a JSON object of \
+                     these fields, each optional: {}",
+                    serde_json::to_string(&ContextOptions::default()).unwrap_or_default()
+                )
+            })
+        },
+    )
 }
 
 fn id(s: &str) -> Result<MemoryId> {
@@ -540,8 +568,10 @@ async fn run(cli: Cli) -> Result<()> {
             query,
             budget,
             batch,
+            options,
             json,
         } => {
+            let options = context_options(options.as_deref())?;
             let mem = open(&cli.db).await?;
             let render = |ctx: &cairn_harness::AssembledContext| {
                 serde_json::json!({
@@ -572,13 +602,13 @@ async fn run(cli: Cli) -> Result<()> {
                     let b = v["budget"]
                         .as_u64()
                         .map_or(budget, |b| usize::try_from(b).unwrap_or(usize::MAX));
-                    print_json(&render(&mem.assemble_context(t, q, b).await?))?;
+                    print_json(&render(&mem.assemble_context_with(t, q, b, options).await?))?;
                 }
             } else {
                 let (Some(t), Some(q)) = (t, query) else {
                     bail!("--thread and --query are required")
                 };
-                let ctx = mem.assemble_context(&t, &q, budget).await?;
+                let ctx = mem.assemble_context_with(&t, &q, budget, options).await?;
                 if json {
                     print_json(&render(&ctx))?;
                 } else {
@@ -597,10 +627,13 @@ async fn run(cli: Cli) -> Result<()> {
                     dir,
                     budget,
                     store,
+                    options,
+                    strategies,
                     json,
                 },
         } => {
-            let report = eval::locomo(&dir, budget, store.as_deref()).await?;
+            let options = context_options(options.as_deref())?;
+            let report = eval::locomo(&dir, budget, store.as_deref(), options, &strategies).await?;
             if json {
                 print_json(&report)?;
             } else {

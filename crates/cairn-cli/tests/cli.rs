@@ -203,6 +203,25 @@ fn commands_and_errors() {
         vec!["add", "x", "--kind", "bogus"],
         vec!["delete", &id, "--policy", "sometimes"],
         vec!["search", "x", "--mode", "psychic"],
+        vec![
+            "context",
+            "--thread",
+            "t",
+            "--query",
+            "q",
+            "--options",
+            "{\"bogus\": 1}",
+        ],
+        vec![
+            "context",
+            "--thread",
+            "t",
+            "--query",
+            "q",
+            "--options",
+            "not json",
+        ],
+        vec!["eval", "locomo", "/nonexistent", "--strategy", "psychic"],
     ] {
         let o = cairn(&db, &args);
         assert!(!o.status.success(), "{args:?} should fail");
@@ -286,4 +305,36 @@ fn eval_on_a_fixture() {
     ));
     assert!(table.contains("| cairn_assemble_context |"));
     assert!(table.contains("per conversation") && table.contains("| fixture |"));
+    // One strategy, with options: only it is measured, and the options reach it (all five
+    // turns fit either way, but as recent turns, one message each, they cost more tokens
+    // than grouped in the recalled block).
+    let only = |options: &str| {
+        json(&cairn(
+            &dir.path().join("unused.db"),
+            &[
+                "eval",
+                "locomo",
+                data.to_str().unwrap(),
+                "--budget",
+                "400",
+                "--strategy",
+                "cairn_assemble_context",
+                "--options",
+                options,
+                "--json",
+            ],
+        ))
+    };
+    let plain = only("{}");
+    let strategies: Vec<&String> = plain["overall"].as_object().unwrap().keys().collect();
+    assert_eq!(strategies, ["cairn_assemble_context"]);
+    let recent = only(r#"{"recent_share": 1.0, "weights": {"names_out_of_vector": false}}"#);
+    let fig = |r: &serde_json::Value, f: &str| r["overall"]["cairn_assemble_context"][f].clone();
+    assert_eq!(fig(&plain, "evidence_recall"), 1.0);
+    assert_eq!(fig(&recent, "evidence_recall"), 1.0);
+    assert!(
+        fig(&recent, "mean_tokens").as_f64().unwrap()
+            > fig(&plain, "mean_tokens").as_f64().unwrap(),
+        "{plain} {recent}"
+    );
 }

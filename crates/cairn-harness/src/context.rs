@@ -207,9 +207,9 @@ impl AssembledContext {
 
 /// How the budget is shared, and how turns are ranked for recall. Shares are of the budget;
 /// what one part leaves unused goes to recall. Fields left out of a serialized value take
-/// their defaults.
+/// their defaults; unknown fields are an error.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ContextOptions {
     /// For the most recent turns. Default 0.1.
     pub recent_share: f64,

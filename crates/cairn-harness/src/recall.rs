@@ -27,9 +27,9 @@ use serde::{Deserialize, Serialize};
 use cairn_store::TimelineEntry;
 
 /// How turns are scored for recall (see the module documentation). Fields left out of a
-/// serialized value take their defaults.
+/// serialized value take their defaults; unknown fields are an error.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RecallWeights {
     /// Weight of the standardised vector score; the keyword score gets the rest. Default 0.6.
     pub vector: f32,
