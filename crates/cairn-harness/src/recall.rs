@@ -8,14 +8,16 @@
 //!   better turn two away, within one stretch of conversation (no gap over 12 hours). A
 //!   question that matches the query lifts the answer after it, and the answer the
 //!   question before it;
-//! - plus a share of its length (log of its characters, standardised over the thread): on
-//!   LoCoMo the turns that answer questions are longer than the others (median 48 tokens
-//!   against 31), and a longer turn states more;
 //! - plus a bonus when the query names the turn's speaker (exactly one of the thread's
 //!   speakers), and another when the turn falls in a time range the query names ("in May
-//!   2023", "on 8 May 2023", "in 2022", up to a week after).
+//!   2023", "on 8 May 2023", "in 2022", up to a week after);
+//! - optionally (off by default), a share of its length (log of its characters,
+//!   standardised over the thread).
 //!
-//! Measured on LoCoMo (docs/evaluation.md): each part was added only when it raised evidence
+//! The query's vector is computed with the thread's speakers' names replaced by "someone"
+//! (see `RecallWeights::names_out_of_vector`).
+//!
+//! Measured on LoCoMo (docs/evaluation.md): each part is on only while it raises evidence
 //! recall there, and the weights are round values from flat optima, not fitted per question.
 
 use std::borrow::Cow;
@@ -36,7 +38,9 @@ pub struct RecallWeights {
     /// Share of the better adjacent turn's match a turn inherits (half of it from two turns
     /// away). Default 0.5.
     pub neighbor: f32,
-    /// Weight of the standardised log length of a turn. Default 0.2.
+    /// Weight of the standardised log length of a turn. Default 0: it helped on LoCoMo while
+    /// speakers' names were in the query's vector (turns that answer questions are longer
+    /// than the others there), and no longer does.
     pub length: f32,
     /// Bonus for turns of the one speaker the query names. Default 0.3.
     pub speaker: f32,
@@ -56,7 +60,7 @@ impl Default for RecallWeights {
         Self {
             vector: 0.6,
             neighbor: 0.5,
-            length: 0.2,
+            length: 0.0,
             speaker: 0.3,
             time: 0.6,
             stretch_gap_secs: 12 * 3600,
@@ -532,13 +536,14 @@ mod tests {
             .collect();
         t[1].chars = 300;
         let flat: Vec<(u64, f32)> = (0..3).map(|i| (i, 0.5)).collect();
-        let s = score_timeline(&t, &flat, &[], "x", &RecallWeights::default());
-        assert!(s[1] > s[0] && s[0] == s[2], "{s:?}");
-        let off = RecallWeights {
-            length: 0.0,
+        let on = RecallWeights {
+            length: 0.2,
             ..RecallWeights::default()
         };
-        let s = score_timeline(&t, &flat, &[], "x", &off);
+        let s = score_timeline(&t, &flat, &[], "x", &on);
+        assert!(s[1] > s[0] && s[0] == s[2], "{s:?}");
+        // Off by default.
+        let s = score_timeline(&t, &flat, &[], "x", &RecallWeights::default());
         assert!(s[1] == s[0], "{s:?}");
     }
 }

@@ -620,24 +620,31 @@ async fn context_recalls_answers_and_time_ranges_by_meaning() {
             turns.push((at, who, format!("{who}: {text}")));
         }
     };
-    let session = |special: Vec<(&'static str, &str)>, offset: usize| {
+    // Twelve filler turns, with the special ones at the given positions.
+    let session = |special: Vec<(usize, &'static str, &str)>, offset: usize| {
         let mut out: Vec<(&'static str, String)> = Vec::new();
         for i in 0..12 {
             let who = if i % 2 == 0 { "Ann" } else { "Bob" };
             out.push((who, filler[(i + offset) % filler.len()].to_owned()));
         }
-        for (k, (who, text)) in special.into_iter().enumerate() {
-            out.insert(4 + k, (who, text.to_owned()));
+        for (at, who, text) in special {
+            out.insert(at, (who, text.to_owned()));
         }
         out
     };
+    // The twin turns about baking stand among filler, away from the dog's name ("Biscuit"
+    // is a baked good too, and would lift its neighbour).
     push(
         jan,
         session(
             vec![
-                ("Ann", "What did you end up calling the puppy you adopted?"),
-                ("Bob", "Biscuit! He already knows how to sit and fetch."),
-                ("Ann", "I baked a loaf of sourdough bread this weekend."),
+                (
+                    4,
+                    "Ann",
+                    "What did you end up calling the puppy you adopted?",
+                ),
+                (5, "Bob", "Biscuit! He already knows how to sit and fetch."),
+                (10, "Ann", "I baked a loaf of sourdough bread this weekend."),
             ],
             0,
         ),
@@ -645,7 +652,7 @@ async fn context_recalls_answers_and_time_ranges_by_meaning() {
     push(
         mar,
         session(
-            vec![("Ann", "I baked a lemon cake for my sister this weekend.")],
+            vec![(4, "Ann", "I baked a lemon cake for my sister this weekend.")],
             5,
         ),
     );
