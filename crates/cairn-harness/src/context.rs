@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
-use cairn_store::{Filter, TimelineEntry};
+use cairn_store::Filter;
 
 use crate::harness::{blocking, Inner};
 use crate::recall::{score_timeline, vector_query, RecallWeights};
@@ -285,17 +285,18 @@ fn turns_filter(thread: &ThreadId) -> Filter {
         .kinds([MemoryKind::Conversational, MemoryKind::ToolLog])
 }
 
-/// The text embedded for `query` (see [`RecallWeights::names_out_of_vector`]).
+/// The text embedded for `query` in `thread` (see [`RecallWeights::names_out_of_vector`]).
 fn vector_text<'q>(
+    inner: &Inner,
+    thread: &ThreadId,
     query: &'q str,
-    timeline: &[TimelineEntry],
     options: &ContextOptions,
-) -> Cow<'q, str> {
-    if options.weights.names_out_of_vector {
-        vector_query(query, timeline)
+) -> Result<Cow<'q, str>> {
+    Ok(if options.weights.names_out_of_vector {
+        vector_query(query, &inner.store.thread_speakers(thread)?)
     } else {
         Cow::Borrowed(query)
-    }
+    })
 }
 
 pub(crate) fn assemble_blocking(
@@ -306,26 +307,16 @@ pub(crate) fn assemble_blocking(
     options: &ContextOptions,
 ) -> Result<AssembledContext> {
     if query.trim().is_empty() {
-        return assemble_with(inner, thread, query, budget, options, Vec::new(), &mut None);
+        return assemble_with(inner, thread, query, budget, options, &mut None);
     }
-    // The thread's timeline (every turn's time, index id, speaker and length) is read
-    // first: the query's vector leaves the speakers' names out.
-    let timeline = inner.store.timeline_entries(&turns_filter(thread))?;
-    let vector_text = vector_text(query, &timeline, options);
-    // The model embeds the query while the thread's recent turns, summaries and keyword
-    // matches are read here: none of them needs the vector.
+    // The thread's speakers (an index seek each) first: the query's vector leaves their
+    // names out. Then the model embeds it while the thread's recent turns, summaries,
+    // timeline and keyword matches are read here: none of them needs the vector.
+    let vector_text = vector_text(inner, thread, query, options)?;
     std::thread::scope(|s| {
         let mut pending =
             Some(s.spawn(|| inner.embedder.embed_one(&vector_text).map_err(Into::into)));
-        let out = assemble_with(
-            inner,
-            thread,
-            query,
-            budget,
-            options,
-            timeline,
-            &mut pending,
-        );
+        let out = assemble_with(inner, thread, query, budget, options, &mut pending);
         // Not needed after all (no budget left for recall, or an error): still joined here,
         // so a panic there is not re-raised by the scope.
         if let Some(p) = pending.take() {
@@ -335,15 +326,13 @@ pub(crate) fn assemble_blocking(
     })
 }
 
-/// Assembles the context; `timeline` is the thread's (empty when the query is), `pending`
-/// the query's vector being computed.
+/// Assembles the context; `pending` is the query's vector being computed.
 fn assemble_with(
     inner: &Inner,
     thread: &ThreadId,
     query: &str,
     budget: usize,
     options: &ContextOptions,
-    timeline: Vec<TimelineEntry>,
     pending: &mut Option<PendingVector<'_>>,
 ) -> Result<AssembledContext> {
     let counter = inner.token_counter.as_ref();
@@ -414,6 +403,7 @@ fn assemble_with(
     //    chunks, best first, so the turns that do not make it are never decoded.
     let mut recalled: Vec<ContextItem> = Vec::new();
     if !query.trim().is_empty() && used < budget {
+        let timeline = inner.store.timeline_entries(&turns_filter)?;
         let depth = options.recall_depth.max(1);
         let keyword = inner
             .store
@@ -422,7 +412,7 @@ fn assemble_with(
             Some(p) => join_vector(p)?,
             None => inner
                 .embedder
-                .embed_one(&vector_text(query, &timeline, options))?,
+                .embed_one(&vector_text(inner, thread, query, options)?)?,
         };
         let vector = inner
             .store

@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -68,6 +68,13 @@ CREATE INDEX memories_thread_time ON memories (
     thread_id, created_at, kind, level, vid,
     json_extract(metadata, '$.speaker'), length(content)
 );
+"#,
+    // 4: a thread's speakers, one index seek each (`Store::thread_speakers`), so context
+    // assembly knows the names in a query before it reads the thread's timeline.
+    r#"
+CREATE INDEX memories_thread_speaker ON memories (
+    thread_id, json_extract(metadata, '$.speaker')
+) WHERE json_extract(metadata, '$.speaker') IS NOT NULL;
 "#,
 ];
 

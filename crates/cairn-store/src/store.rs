@@ -839,6 +839,29 @@ impl Store {
         })
     }
 
+    /// The distinct `speaker` metadata values (text) of a thread's memories, in byte order:
+    /// one index seek per speaker, whatever the thread's length.
+    pub fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT json_extract(metadata, '$.speaker') AS s FROM memories \
+                 WHERE thread_id = ?1 AND json_extract(metadata, '$.speaker') > ?2 \
+                 ORDER BY json_extract(metadata, '$.speaker') LIMIT 1",
+            )?;
+            let mut out: Vec<String> = Vec::new();
+            loop {
+                let after = out.last().map_or("", String::as_str);
+                let next: Option<String> = stmt
+                    .query_row(rusqlite::params![thread.as_str(), after], |r| r.get(0))
+                    .optional()?;
+                match next {
+                    Some(s) => out.push(s),
+                    None => return Ok(out),
+                }
+            }
+        })
+    }
+
     /// The newest `limit` memories admitted by `filter`, returned oldest first.
     pub fn recent(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;

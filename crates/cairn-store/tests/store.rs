@@ -866,6 +866,63 @@ fn recent_returns_newest_oldest_first() {
     );
 }
 
+/// A thread's speakers: distinct string values of metadata `speaker`, per thread, gone
+/// with their last memory; numbers, missing and empty values are not speakers.
+#[test]
+fn thread_speakers_are_read_from_the_index() {
+    let dir = tmp();
+    let store = open(&dir.path().join("s.db"), 4);
+    let with = |thread: &str, i: usize, speaker: serde_json::Value| {
+        let mut meta = cairn_core::Metadata::new();
+        meta.insert("speaker".into(), speaker);
+        turn(thread, i).with_metadata(meta)
+    };
+    let mut bob = Vec::new();
+    for i in 0..30 {
+        let who = ["Ann Lee", "Zoë", "Ann Lee"][i % 3];
+        store
+            .insert(with("a", i, who.into()), vec![1.0, 0.0, 0.0, 0.0])
+            .unwrap();
+    }
+    for i in 0..3 {
+        bob.push(
+            store
+                .insert(with("a", 30 + i, "Bob".into()), vec![0.0, 1.0, 0.0, 0.0])
+                .unwrap()
+                .id,
+        );
+    }
+    store
+        .insert(with("a", 40, 7.into()), vec![0.0, 0.0, 1.0, 0.0])
+        .unwrap();
+    store
+        .insert(with("a", 41, "".into()), vec![0.0, 0.0, 1.0, 0.0])
+        .unwrap();
+    store
+        .insert(turn("a", 42), vec![0.0, 0.0, 0.0, 1.0])
+        .unwrap();
+    store
+        .insert(with("b", 0, "Cy".into()), vec![0.0, 0.0, 0.0, 1.0])
+        .unwrap();
+    let a = ThreadId::new("a").unwrap();
+    assert_eq!(
+        store.thread_speakers(&a).unwrap(),
+        ["Ann Lee", "Bob", "Zoë"]
+    );
+    assert_eq!(
+        store.thread_speakers(&ThreadId::new("b").unwrap()).unwrap(),
+        ["Cy"]
+    );
+    assert!(store
+        .thread_speakers(&ThreadId::new("none").unwrap())
+        .unwrap()
+        .is_empty());
+    for id in bob {
+        store.delete(id, DeletePolicy::Restrict).unwrap();
+    }
+    assert_eq!(store.thread_speakers(&a).unwrap(), ["Ann Lee", "Zoë"]);
+}
+
 #[test]
 fn version_1_databases_are_migrated() {
     let dir = tmp();
@@ -876,16 +933,23 @@ fn version_1_databases_are_migrated() {
     let mut ids = Vec::new();
     let mut vecs = Vec::new();
     for i in 0..50 {
-        let m = NewMemory::conversational(t.clone(), Role::User, format!("turn {i}"));
+        let mut meta = cairn_core::Metadata::new();
+        if i % 10 == 3 {
+            meta.insert("speaker".into(), "Ann".into());
+        }
+        let m = NewMemory::conversational(t.clone(), Role::User, format!("turn {i}"))
+            .with_metadata(meta);
         vecs.push(random_unit(&mut rng, 4));
         ids.push(store.insert(m, vecs[i].clone()).unwrap().id);
     }
     store.close().unwrap();
-    // Put the file back to schema 1: the thread index without its covered columns.
+    // Put the file back to schema 1: the thread index without its covered columns, no
+    // speaker index.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "DROP INDEX memories_thread_time;
+             DROP INDEX memories_thread_speaker;
              CREATE INDEX memories_thread_time ON memories (thread_id, created_at);
              PRAGMA user_version = 1;",
         )
@@ -935,6 +999,25 @@ fn version_1_databases_are_migrated() {
             .any(|p| p.contains("COVERING INDEX memories_thread_time")),
         "{plan:?}"
     );
+    // A thread's speakers are index seeks on the speaker index (schema 4).
+    let plan: Vec<String> = c
+        .prepare(
+            "EXPLAIN QUERY PLAN SELECT json_extract(metadata, '$.speaker') AS s FROM memories \
+             WHERE thread_id = ?1 AND json_extract(metadata, '$.speaker') > ?2 \
+             ORDER BY json_extract(metadata, '$.speaker') LIMIT 1",
+        )
+        .unwrap()
+        .query_map(["t", ""], |r| r.get(3))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        plan.iter()
+            .any(|p| p.contains("INDEX memories_thread_speaker"))
+            && !plan.iter().any(|p| p.contains("TEMP B-TREE")),
+        "{plan:?}"
+    );
+    assert_eq!(store.thread_speakers(&t).unwrap(), ["Ann"]);
     let tagged = store
         .timeline_entries(&Filter::all().thread(t.clone()))
         .unwrap();
