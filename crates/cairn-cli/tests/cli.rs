@@ -203,26 +203,13 @@ fn commands_and_errors() {
         vec!["add", "x", "--kind", "bogus"],
         vec!["delete", &id, "--policy", "sometimes"],
         vec!["search", "x", "--mode", "psychic"],
-        vec![
-            "context",
-            "--thread",
-            "t",
-            "--query",
-            "q",
-            "--options",
-            "{\"bogus\": 1}",
-        ],
-        vec![
-            "context",
-            "--thread",
-            "t",
-            "--query",
-            "q",
-            "--options",
-            "not json",
-        ],
         vec!["eval", "locomo", "/nonexistent", "--strategy", "psychic"],
-    ] {
+    ]
+    .into_iter()
+    .chain(
+        ["{\"bogus\": 1}", "not json"]
+            .map(|bad| vec!["context", "--thread", "t", "--query", "q", "--options", bad]),
+    ) {
         let o = cairn(&db, &args);
         assert!(!o.status.success(), "{args:?} should fail");
         assert!(

@@ -255,8 +255,8 @@ fn owned_item(m: MemoryUnit, section: Section) -> ContextItem {
 }
 
 /// A context item for `m` as its own message, with its token count.
-fn item(m: &MemoryUnit, section: Section, counter: &dyn TokenCounter) -> ContextItem {
-    let mut i = owned_item(m.clone(), section);
+fn item(m: MemoryUnit, section: Section, counter: &dyn TokenCounter) -> ContextItem {
+    let mut i = owned_item(m, section);
     i.tokens = counter.count_message(&render_item(&i));
     i
 }
@@ -343,7 +343,7 @@ fn assemble_with(
     let recent_pool = inner.store.recent(&turns_filter, 64)?;
     let mut recent: Vec<ContextItem> = Vec::new();
     let recent_cap = share(budget, options.recent_share);
-    for m in recent_pool.iter().rev() {
+    for m in recent_pool.into_iter().rev() {
         let mut it = item(m, Section::Recent, counter);
         if recent.is_empty() && it.tokens > budget {
             // The newest turn alone is over the budget: cut it to fit.
@@ -382,8 +382,8 @@ fn assemble_with(
         .iter()
         .flat_map(|s| s.summary.iter().flat_map(|i| i.source_ids.iter().copied()))
         .collect();
-    let mut tops: Vec<&MemoryUnit> = all_summaries
-        .iter()
+    let mut tops: Vec<MemoryUnit> = all_summaries
+        .into_iter()
         .filter(|s| !cited.contains(&s.id))
         .collect();
     tops.sort_by_key(|s| std::cmp::Reverse(s.created_at));
@@ -402,18 +402,15 @@ fn assemble_with(
     //    names; see `recall`), then taken best first while they fit. Rows are read in
     //    chunks, best first, so the turns that do not make it are never decoded.
     let mut recalled: Vec<ContextItem> = Vec::new();
-    if !query.trim().is_empty() && used < budget {
+    // (`pending` is there exactly when the query is not empty; left for the caller to join
+    // when no budget is left.)
+    if let Some(p) = pending.take_if(|_| used < budget) {
         let timeline = inner.store.timeline_entries(&turns_filter)?;
         let depth = options.recall_depth.max(1);
         let keyword = inner
             .store
             .search_keyword_ids(query, depth, &turns_filter)?;
-        let qv = match pending.take() {
-            Some(p) => join_vector(p)?,
-            None => inner
-                .embedder
-                .embed_one(&vector_text(inner, thread, query, options)?)?,
-        };
+        let qv = join_vector(p)?;
         let vector = inner
             .store
             .search_vector_ids(qv, depth, &turns_filter, None)?;
@@ -452,8 +449,8 @@ fn assemble_with(
     }
 
     // The block's count is the sum of its lines' for tokenizers that split at newlines
-    // (cl100k, o200k): the items' counts add up to the exact count. For any other, drop the
-    // last recalled turns until the exact count of the rendered messages fits.
+    // (cl100k, o200k): what was added up while packing is the exact count. For any other,
+    // drop the last recalled turns until the exact count of the rendered messages fits.
     let n_summaries = summaries.len();
     let mut items = summaries;
     items.extend(recalled);
@@ -482,9 +479,6 @@ fn assemble_with(
         ctx.items.remove(pos);
     }
     attribute_recalled_tokens(&mut ctx.items[n_summaries..], counter);
-    if counter.newline_additive() {
-        ctx.tokens = ctx.items.iter().map(|i| i.tokens).sum();
-    }
     Ok(ctx)
 }
 

@@ -184,12 +184,29 @@ pub(crate) fn score_timeline(
     out
 }
 
+/// The words of `text` (runs of letters and digits), lowercased, each with its byte range.
+fn spanned_words(text: &str) -> Vec<(std::ops::Range<usize>, String)> {
+    let mut words = Vec::new();
+    let mut start = None;
+    for (i, c) in text
+        .char_indices()
+        .chain(std::iter::once((text.len(), ' ')))
+    {
+        match (start, c.is_alphanumeric()) {
+            (None, true) => start = Some(i),
+            (Some(s), false) => {
+                words.push((s..i, text[s..i].to_lowercase()));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    words
+}
+
 /// The words of `text` (runs of letters and digits), lowercased.
 fn lower_words(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .collect()
+    spanned_words(text).into_iter().map(|(_, w)| w).collect()
 }
 
 /// The one speaker of the timeline that `query` names (as a whole word or words, any case);
@@ -226,22 +243,7 @@ pub(crate) fn vector_query<'q>(query: &'q str, speakers: &[String]) -> Cow<'q, s
         return Cow::Borrowed(query);
     }
     names.sort_by_key(|p| std::cmp::Reverse(p.len()));
-    // The query's words, with their byte ranges.
-    let mut words: Vec<(usize, usize, String)> = Vec::new();
-    let mut start = None;
-    for (i, c) in query
-        .char_indices()
-        .chain(std::iter::once((query.len(), ' ')))
-    {
-        match (start, c.is_alphanumeric()) {
-            (None, true) => start = Some(i),
-            (Some(s), false) => {
-                words.push((s, i, query[s..i].to_lowercase()));
-                start = None;
-            }
-            _ => {}
-        }
-    }
+    let words = spanned_words(query);
     let mut out = String::with_capacity(query.len());
     let mut copied = 0;
     let mut i = 0;
@@ -251,10 +253,10 @@ pub(crate) fn vector_query<'q>(query: &'q str, speakers: &[String]) -> Cow<'q, s
                 && words[i..i + p.len()]
                     .iter()
                     .zip(p.iter())
-                    .all(|(w, n)| &w.2 == n)
+                    .all(|(w, n)| &w.1 == n)
         });
         if let Some(p) = matched {
-            let (from, to) = (words[i].0, words[i + p.len() - 1].1);
+            let (from, to) = (words[i].0.start, words[i + p.len() - 1].0.end);
             out.push_str(&query[copied..from]);
             out.push_str("someone");
             copied = to;

@@ -23,6 +23,28 @@ fn minilm() -> Arc<dyn Embedder> {
         .clone()
 }
 
+/// A UTC time from RFC 3339.
+fn utc(s: &str) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+}
+
+/// A turn of `who` at `at`, as the LoCoMo import writes them: `who: text`, metadata
+/// `speaker`.
+fn spoken(
+    thread: &ThreadId,
+    who: &str,
+    text: &str,
+    at: chrono::DateTime<chrono::Utc>,
+) -> NewMemory {
+    let mut meta = cairn_core::Metadata::new();
+    meta.insert("speaker".into(), who.into());
+    NewMemory::conversational(thread.clone(), Role::User, format!("{who}: {text}"))
+        .at(at)
+        .with_metadata(meta)
+}
+
 async fn open(dir: &tempfile::TempDir, e: Arc<dyn Embedder>) -> MemoryHarness {
     MemoryHarness::builder(dir.path().join("h.db"))
         .embedder(e)
@@ -607,17 +629,13 @@ async fn context_recalls_answers_and_time_ranges_by_meaning() {
         "The dog park near us is closed for repairs.",
         "My aunt's old dog sleeps most of the day now.",
     ];
-    let jan = chrono::DateTime::parse_from_rfc3339("2023-01-10T10:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
-    let mar = chrono::DateTime::parse_from_rfc3339("2023-03-05T10:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
-    let mut turns: Vec<(chrono::DateTime<chrono::Utc>, &str, String)> = Vec::new();
+    let jan = utc("2023-01-10T10:00:00Z");
+    let mar = utc("2023-03-05T10:00:00Z");
+    let mut turns: Vec<NewMemory> = Vec::new();
     let mut push = |start: chrono::DateTime<chrono::Utc>, texts: Vec<(&'static str, String)>| {
         for (i, (who, text)) in texts.into_iter().enumerate() {
             let at = start + chrono::Duration::seconds(30 * i64::try_from(i).unwrap());
-            turns.push((at, who, format!("{who}: {text}")));
+            turns.push(spoken(&thread, who, &text, at));
         }
     };
     // Twelve filler turns, with the special ones at the given positions.
@@ -656,23 +674,9 @@ async fn context_recalls_answers_and_time_ranges_by_meaning() {
             5,
         ),
     );
-    let batch: Vec<NewMemory> = turns
-        .iter()
-        .map(|(at, who, content)| {
-            let mut meta = cairn_core::Metadata::new();
-            meta.insert("speaker".into(), (*who).into());
-            NewMemory::conversational(thread.clone(), Role::User, content.clone())
-                .at(*at)
-                .with_metadata(meta)
-        })
-        .collect();
-    let ids = mem.add_many(batch).await.unwrap();
-    let id_of = |needle: &str| {
-        ids[turns
-            .iter()
-            .position(|(_, _, c)| c.contains(needle))
-            .unwrap()]
-    };
+    let contents: Vec<String> = turns.iter().map(|t| t.content.clone()).collect();
+    let ids = mem.add_many(turns).await.unwrap();
+    let id_of = |needle: &str| ids[contents.iter().position(|c| c.contains(needle)).unwrap()];
     let recalled = |ctx: &cairn_harness::AssembledContext| -> Vec<MemoryId> {
         ctx.items
             .iter()
@@ -779,24 +783,16 @@ async fn context_vector_leaves_speaker_names_out() {
             "I made a spicy lentil curry with fresh coriander.",
         ),
     ];
-    let t0 = chrono::DateTime::parse_from_rfc3339("2023-01-10T10:00:00Z")
-        .unwrap()
-        .with_timezone(&chrono::Utc);
+    let t0 = utc("2023-01-10T10:00:00Z");
     let mut batch = Vec::new();
     for (s, (_, answer)) in pairs.iter().enumerate() {
         let mut texts: Vec<(&str, &str)> = chat.to_vec();
         texts.insert(5, ("Gina", answer));
         for (i, (who, text)) in texts.into_iter().enumerate() {
-            let mut meta = cairn_core::Metadata::new();
-            meta.insert("speaker".into(), who.into());
             let at = t0
                 + chrono::Duration::days(3 * i64::try_from(s).unwrap())
                 + chrono::Duration::seconds(30 * i64::try_from(i).unwrap());
-            batch.push(
-                NewMemory::conversational(thread.clone(), Role::User, format!("{who}: {text}"))
-                    .at(at)
-                    .with_metadata(meta),
-            );
+            batch.push(spoken(&thread, who, text, at));
         }
     }
     mem.add_many(batch).await.unwrap();
