@@ -265,17 +265,13 @@ fn eval_on_a_fixture() {
         ]
     });
     std::fs::write(data.join("fixture.json"), conv.to_string()).unwrap();
-    let r = json(&cairn(
-        &dir.path().join("unused.db"),
-        &[
-            "eval",
-            "locomo",
-            data.to_str().unwrap(),
-            "--budget",
-            "400",
-            "--json",
-        ],
-    ));
+    // `eval locomo` on the fixture at 400 tokens, with `extra` arguments.
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", "locomo", data.to_str().unwrap(), "--budget", "400"];
+        args.extend_from_slice(extra);
+        cairn(&dir.path().join("unused.db"), &args)
+    };
+    let r = json(&eval(&["--json"]));
     let cairn_fig = &r["overall"]["cairn_assemble_context"];
     assert_eq!(cairn_fig["questions"], 2, "category 5 is left out");
     assert_eq!(cairn_fig["evidence_recall"], 1.0);
@@ -286,31 +282,20 @@ fn eval_on_a_fixture() {
         r["per_conversation"]["cairn_assemble_context"]["fixture"]["questions"],
         2
     );
-    let table = ok(&cairn(
-        &dir.path().join("unused.db"),
-        &["eval", "locomo", data.to_str().unwrap(), "--budget", "400"],
-    ));
+    let table = ok(&eval(&[]));
     assert!(table.contains("| cairn_assemble_context |"));
     assert!(table.contains("per conversation") && table.contains("| fixture |"));
     // One strategy, with options: only it is measured, and the options reach it (all five
     // turns fit either way, but as recent turns, one message each, they cost more tokens
     // than grouped in the recalled block).
     let only = |options: &str| {
-        json(&cairn(
-            &dir.path().join("unused.db"),
-            &[
-                "eval",
-                "locomo",
-                data.to_str().unwrap(),
-                "--budget",
-                "400",
-                "--strategy",
-                "cairn_assemble_context",
-                "--options",
-                options,
-                "--json",
-            ],
-        ))
+        json(&eval(&[
+            "--strategy",
+            "cairn_assemble_context",
+            "--options",
+            options,
+            "--json",
+        ]))
     };
     let plain = only("{}");
     let strategies: Vec<&String> = plain["overall"].as_object().unwrap().keys().collect();
