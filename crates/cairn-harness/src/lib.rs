@@ -34,6 +34,7 @@ mod harness;
 pub mod import;
 mod openai;
 mod recall;
+pub mod text;
 mod tokens;
 
 pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
