@@ -36,7 +36,7 @@ pub use id::{MemoryId, ThreadId, MAX_THREAD_ID_LEN};
 pub use kind::{MemoryKind, Role, SummaryType};
 pub use memory::{check_metadata, MemoryUnit, Metadata, NewMemory, SummaryInfo, MAX_CONTENT_BYTES};
 pub use traits::{
-    CharEstimateCounter, Embedder, Summarizer, SummaryItem, SummaryRequest, TokenCounter,
+    CharEstimateCounter, Embedder, Summarizer, SummaryItem, SummaryRequest, TermStats, TokenCounter,
 };
 
 /// Checks that a vector is usable as an embedding of dimension `dim`: the right length and

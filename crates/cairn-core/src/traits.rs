@@ -1,3 +1,6 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -36,14 +39,68 @@ pub struct SummaryItem {
     pub role: Option<Role>,
     /// A speaker name, when known (from metadata).
     pub speaker: Option<String>,
-    /// When it happened.
+    /// When it happened (for a summary: when its newest source happened).
     pub created_at: DateTime<Utc>,
+    /// For a summary, when its oldest source happened; `None` for a single moment.
+    #[serde(default)]
+    pub time_start: Option<DateTime<Utc>>,
     /// The text.
     pub content: String,
 }
 
+/// How many documents (turns) of a body of text (a thread) each word occurs in: the rarity
+/// of words, for summarizers that weigh what a sentence tells.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TermStats {
+    docs: u32,
+    df: HashMap<String, u32>,
+}
+
+impl TermStats {
+    /// Empty statistics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Counts one document given its words (repeats within it count once).
+    pub fn add_doc<I, S>(&mut self, words: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.docs = self.docs.saturating_add(1);
+        let mut seen: Vec<String> = words.into_iter().map(Into::into).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        for w in seen {
+            let n = self.df.entry(w).or_default();
+            *n = n.saturating_add(1);
+        }
+    }
+
+    /// Documents counted.
+    pub fn docs(&self) -> u32 {
+        self.docs
+    }
+
+    /// Documents that hold `word`.
+    pub fn doc_freq(&self, word: &str) -> u32 {
+        self.df.get(word).copied().unwrap_or(0)
+    }
+
+    /// Inverse document frequency `ln((docs + 1) / (df + 0.5))`: about 0 for a word in every
+    /// document, highest for a word never seen.
+    pub fn idf(&self, word: &str) -> f32 {
+        let docs = f64::from(self.docs) + 1.0;
+        let df = f64::from(self.doc_freq(word)) + 0.5;
+        #[allow(clippy::cast_possible_truncation)]
+        let v = (docs / df).ln().max(0.0) as f32;
+        v
+    }
+}
+
 /// What a summarizer is asked to do.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRequest {
     /// A summary to extend, if there is one (a moving summary).
     pub previous: Option<String>,
@@ -51,6 +108,39 @@ pub struct SummaryRequest {
     pub items: Vec<SummaryItem>,
     /// The most tokens the summary should take.
     pub max_tokens: usize,
+    /// The level of the summary being written: 1 over raw memories, 2 and up over summaries;
+    /// 0 when it is not part of a tree (a moving summary).
+    #[serde(default)]
+    pub level: u32,
+    /// The rarity of words in the thread the items come from, when the caller knows it
+    /// (consolidation does); summarizers that need it otherwise count the items themselves.
+    #[serde(skip)]
+    pub term_stats: Option<Arc<TermStats>>,
+}
+
+impl SummaryRequest {
+    /// A request for a summary of `items` in at most `max_tokens`, at level 0, with no
+    /// previous summary and no thread statistics.
+    pub fn new(items: Vec<SummaryItem>, max_tokens: usize) -> Self {
+        Self {
+            previous: None,
+            items,
+            max_tokens,
+            level: 0,
+            term_stats: None,
+        }
+    }
+
+    /// The time span the items cover: the earliest start and the latest time.
+    pub fn time_range(&self) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+        let start = self
+            .items
+            .iter()
+            .map(|i| i.time_start.unwrap_or(i.created_at).min(i.created_at))
+            .min()?;
+        let end = self.items.iter().map(|i| i.created_at).max()?;
+        Some((start, end))
+    }
 }
 
 /// Turns (previous summary, items) into summary text.

@@ -17,7 +17,7 @@
 //! another gives the same tree as one uninterrupted pass. A summary's `created_at` is the
 //! time of its newest source, so the tree does not depend on when the pass ran.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,11 +26,13 @@ use serde::{Deserialize, Serialize};
 
 use cairn_core::{
     MemoryId, MemoryKind, MemoryUnit, Role, SummarizeError, SummaryItem, SummaryRequest,
-    SummaryType, ThreadId,
+    SummaryType, TermStats, ThreadId,
 };
 use cairn_store::{Filter, NewSummary};
 
+use crate::extractive::summary_keywords;
 use crate::harness::blocking;
+use crate::text::content_words;
 use crate::{HarnessError, MemoryHarness, Result};
 
 /// What a consolidation pass does; build with [`ConsolidationPolicy::older_than`].
@@ -40,6 +42,9 @@ pub struct ConsolidationPolicy {
     pub older_than: Duration,
     /// Raw memories per summary. Default 20.
     pub chunk_size: usize,
+    /// A gap between two raw memories longer than this ends a session; a change of
+    /// `metadata.session` does too. No chunk mixes two sessions. Default 30 minutes.
+    pub session_gap: Duration,
     /// A tail shorter than this waits for more memories... Default 5.
     pub min_chunk: usize,
     /// ...unless its newest memory is older than now minus this. Default 7 days.
@@ -67,6 +72,7 @@ impl ConsolidationPolicy {
         Self {
             older_than: age,
             chunk_size: 20,
+            session_gap: Duration::from_secs(30 * 60),
             min_chunk: 5,
             max_age: Duration::from_secs(7 * 24 * 3600),
             fanout: 5,
@@ -82,6 +88,12 @@ impl ConsolidationPolicy {
     /// Sets the chunk size.
     pub fn chunk_size(mut self, n: usize) -> Self {
         self.chunk_size = n;
+        self
+    }
+
+    /// Sets the gap that ends a session.
+    pub fn session_gap(mut self, d: Duration) -> Self {
+        self.session_gap = d;
         self
     }
 
@@ -149,6 +161,9 @@ impl ConsolidationPolicy {
         }
         if self.summary_tokens == 0 {
             return bad("summary_tokens must be at least 1");
+        }
+        if chrono::Duration::from_std(self.session_gap).is_err() {
+            return bad("session_gap is too large");
         }
         Ok(())
     }
@@ -288,6 +303,49 @@ fn open_calls(items: &[MemoryUnit]) -> Vec<String> {
     open
 }
 
+/// Cuts `items` (one thread, oldest first) into sessions: a new session starts after a gap
+/// longer than `gap`, or where `metadata.session` changes.
+pub(crate) fn sessions(items: &[MemoryUnit], gap: chrono::Duration) -> Vec<&[MemoryUnit]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..items.len() {
+        let (a, b) = (&items[i - 1], &items[i]);
+        let label = |m: &MemoryUnit| m.metadata.get("session").cloned();
+        let changed = matches!((label(a), label(b)), (Some(x), Some(y)) if x != y);
+        if changed || b.created_at - a.created_at > gap {
+            out.push(&items[start..i]);
+            start = i;
+        }
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
+/// The speaker of a memory: `metadata.speaker` when it is a non-empty string.
+pub(crate) fn speaker(m: &MemoryUnit) -> Option<&str> {
+    m.metadata
+        .get("speaker")
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.trim().is_empty())
+}
+
+/// Word rarity over texts with their speakers: each text's content words (a leading
+/// `Speaker:` left out) count as one document.
+pub(crate) fn term_stats(texts: &[(String, Option<String>)]) -> TermStats {
+    let mut stats = TermStats::new();
+    for (content, speaker) in texts {
+        let body = speaker
+            .as_deref()
+            .and_then(|s| content.strip_prefix(s))
+            .and_then(|r| r.strip_prefix(':'))
+            .unwrap_or(content);
+        stats.add_doc(content_words(body));
+    }
+    stats
+}
+
 /// Items for a summarizer, with speakers from metadata.
 pub(crate) fn summary_items(chunk: &[MemoryUnit]) -> Vec<SummaryItem> {
     chunk
@@ -295,13 +353,16 @@ pub(crate) fn summary_items(chunk: &[MemoryUnit]) -> Vec<SummaryItem> {
         .map(|m| SummaryItem {
             kind: m.kind,
             role: m.role,
-            speaker: m
-                .metadata
-                .get("speaker")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned),
+            speaker: speaker(m).map(str::to_owned),
             created_at: m.created_at,
-            content: m.content.clone(),
+            time_start: m.summary.as_ref().map(|s| s.time_range_start),
+            content: match m.metadata.get("blip_caption").and_then(|v| v.as_str()) {
+                // A shared photo's caption is part of what was said.
+                Some(c) if !c.trim().is_empty() && !m.content.contains(c.trim()) => {
+                    format!("{} [shares a photo: {}]", m.content, c.trim())
+                }
+                _ => m.content.clone(),
+            },
         })
         .collect()
 }
@@ -328,6 +389,12 @@ impl MemoryHarness {
             policy.threads.iter().cloned().map(Some).collect()
         };
         let mut incomplete: HashSet<(u32, Option<ThreadId>)> = HashSet::new();
+        // Word rarity per thread, over all its raw memories older than the cutoff (covered or
+        // not, so that an interrupted pass and its resumption summarize as one pass would).
+        // Thread-less memories get none: the summarizer counts each chunk's own words.
+        let mut stats: HashMap<ThreadId, Arc<TermStats>> = HashMap::new();
+        let gap = chrono::Duration::from_std(policy.session_gap)
+            .map_err(|_| HarnessError::Config("session_gap is too large".into()))?;
         'levels: for level in 0..policy.max_level {
             for thread in &threads {
                 let mut filter = Filter::all().levels(level, level);
@@ -355,20 +422,61 @@ impl MemoryHarness {
                 } else {
                     policy.fanout
                 };
-                let (mut chunks, tail) = chunk(&items, size);
-                if !tail.is_empty() {
-                    // Raw tails wait for more memories unless they are long enough or
-                    // overdue; summaries roll up only in full groups of `fanout`.
-                    let newest = tail.iter().map(|m| m.created_at).max();
-                    let overdue = newest.is_some_and(|t| t < tail_cutoff);
-                    if level == 0
-                        && (tail.len() >= policy.min_chunk || overdue)
-                        && open_calls(tail).is_empty()
-                    {
-                        chunks.push(tail);
-                    } else if level == 0 {
-                        report.deferred_tails += 1;
+                let thread_stats = match thread {
+                    Some(t) if items.is_empty() => stats.get(t).cloned(),
+                    Some(t) => match stats.get(t) {
+                        Some(s) => Some(s.clone()),
+                        None => {
+                            let mut f = Filter::all().levels(0, 0).thread(t.clone());
+                            f.before = Some(cutoff);
+                            f.kinds = policy.kinds.clone();
+                            let inner = self.inner.clone();
+                            let texts = blocking(move || inner.store.texts(&f)).await??;
+                            let s = Arc::new(term_stats(&texts));
+                            stats.insert(t.clone(), s.clone());
+                            Some(s)
+                        }
+                    },
+                    None => None,
+                };
+                // Raw memories are chunked session by session; summaries roll up as one run.
+                let parts = if level == 0 {
+                    sessions(&items, gap)
+                } else {
+                    vec![&items[..]]
+                };
+                let mut chunks: Vec<&[MemoryUnit]> = Vec::new();
+                for (p, part) in parts.iter().enumerate() {
+                    let (mut cut, tail) = chunk(part, size);
+                    // Summaries roll up only in full groups of `fanout`; a raw tail waits for
+                    // more memories unless its session is over (another one follows), it is
+                    // long enough, or it is overdue.
+                    if level == 0 && !tail.is_empty() {
+                        let closed = p + 1 < parts.len();
+                        let overdue = tail
+                            .iter()
+                            .map(|m| m.created_at)
+                            .max()
+                            .is_some_and(|t| t < tail_cutoff);
+                        if (closed || tail.len() >= policy.min_chunk || overdue)
+                            && open_calls(tail).is_empty()
+                        {
+                            match cut.pop() {
+                                // A tiny tail joins the chunk before it, in its session.
+                                Some(last) if tail.len() < policy.min_chunk => {
+                                    let from = part.len() - tail.len() - last.len();
+                                    cut.push(&part[from..]);
+                                }
+                                last => {
+                                    cut.extend(last);
+                                    cut.push(tail);
+                                }
+                            }
+                        } else {
+                            report.deferred_tails += 1;
+                        }
                     }
+                    chunks.extend(cut);
                 }
                 for c in chunks {
                     if policy
@@ -380,8 +488,15 @@ impl MemoryHarness {
                         break 'levels;
                     }
                     let failed_before = report.failures.len();
-                    self.summarize_chunk(c, level, thread.clone(), &policy, &mut report)
-                        .await?;
+                    self.summarize_chunk(
+                        c,
+                        level,
+                        thread.clone(),
+                        thread_stats.clone(),
+                        &policy,
+                        &mut report,
+                    )
+                    .await?;
                     if report.failures.len() > failed_before {
                         incomplete.insert((level + 1, thread.clone()));
                     }
@@ -397,6 +512,7 @@ impl MemoryHarness {
         chunk: &[MemoryUnit],
         level: u32,
         thread: Option<ThreadId>,
+        stats: Option<Arc<TermStats>>,
         policy: &ConsolidationPolicy,
         report: &mut ConsolidationReport,
     ) -> Result<()> {
@@ -404,6 +520,8 @@ impl MemoryHarness {
             previous: None,
             items: summary_items(chunk),
             max_tokens: policy.summary_tokens,
+            level: level + 1,
+            term_stats: stats.clone(),
         };
         let ids: Vec<MemoryId> = chunk.iter().map(|m| m.id).collect();
         let fail = |reason: String| ChunkFailure {
@@ -434,6 +552,8 @@ impl MemoryHarness {
             "consolidation".into(),
             serde_json::json!({ "summarizer": self.inner.summarizer.name() }),
         );
+        let keywords = summary_keywords(&text, stats.as_deref().unwrap_or(&TermStats::new()), 8);
+        metadata.insert("keywords".into(), keywords.into());
         let summary = NewSummary {
             id: None,
             content: text,

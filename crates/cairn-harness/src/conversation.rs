@@ -55,6 +55,7 @@ impl Turn {
             role: Some(self.role),
             speaker: None,
             created_at: self.created_at,
+            time_start: None,
             content: self.content.clone(),
         }
     }
@@ -287,6 +288,7 @@ impl MovingState {
             previous: self.moving.as_ref().map(|m| m.text.clone()),
             items: turns.iter().map(Turn::item).collect(),
             max_tokens,
+            ..Default::default()
         };
         match summarize(harness, &request, timeout).await {
             Ok(text) => {
@@ -850,6 +852,7 @@ impl AutoContextSummarizer {
                 role: Some(m.role),
                 speaker: None,
                 created_at: self.harness.clock().now(),
+                time_start: None,
                 content: if m.tool_calls.is_empty() {
                     m.content.clone()
                 } else {
@@ -867,6 +870,7 @@ impl AutoContextSummarizer {
                 previous: None,
                 items,
                 max_tokens: (self.options.max_context_tokens / 8).max(64),
+                ..Default::default()
             },
         })
     }

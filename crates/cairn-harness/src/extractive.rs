@@ -2,34 +2,47 @@
 //!
 //! Method:
 //! 1. The items (and the previous summary, when extending one) are split into candidate
-//!    units: sentences of raw memories, lines of summaries (a summary's lines already carry
-//!    their speaker and date).
-//! 2. Every unit is embedded; the centroid of the unit vectors stands for "what the chunk is
-//!    about".
+//!    units: sentences of raw memories (a leading `Speaker: ` that repeats the item's speaker
+//!    is dropped, so it is never written twice), lines of summaries (parsed back into date,
+//!    speaker and sentence).
+//! 2. Each unit is scored by what it tells: the sum of its distinct content words' rarity
+//!    in the thread (inverse document frequency, from the caller's [`TermStats`] or counted
+//!    over the items), with named things, numbers and first mentions weighing more, divided
+//!    by the square root of its length. Phatic and near-empty units (fewer than three content
+//!    words, or nothing but greetings, thanks and reactions) are not candidates while others
+//!    are.
 //! 3. Units are picked greedily by maximal marginal relevance:
-//!    `λ·cos(unit, centroid) − (1 − λ)·max cos(unit, picked)` with λ = 0.7, so the summary
-//!    covers the chunk's main content without repeating itself, until the token budget is
-//!    spent.
-//! 4. The picked units are written in their original order, one per line, each prefixed with
-//!    its date and speaker: `[2023-05-08] Caroline: I went to a support group.` Who said
-//!    what, and when, survives into every level above.
+//!    `λ·gain(unit) − (1 − λ)·max cos(unit, picked)` with λ = 0.7, where the gain counts only
+//!    content words not yet covered, so the summary neither repeats itself in words nor in
+//!    meaning. Every speaker with something to say gets a line first. Over summaries (a
+//!    roll-up) the picks go round the children in turn, so every part of the time span is
+//!    covered evenly. Picking stops at the token budget or at `word_ratio` (25%) of the
+//!    sources' words, whichever comes first.
+//! 4. The picked units are written in their original order, one per line, as
+//!    `Speaker: sentence`, the date written once per day (`[2023-05-08] ` before the day's
+//!    first line). A roll-up starts with its date range: `[2023-05-08 to 2023-06-20]`.
 //!
 //! Deterministic: the same input gives the same summary (embeddings are deterministic; ties
 //! go to the earlier unit).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use cairn_core::{
     CharEstimateCounter, Embedder, MemoryKind, SummarizeError, Summarizer, SummaryItem,
-    SummaryRequest, TokenCounter,
+    SummaryRequest, TermStats, TokenCounter,
 };
+use chrono::NaiveDate;
 
-/// Sentence-selection summarizer (centroid + maximal marginal relevance).
+use crate::text::{content_words, is_stop_word, tokens};
+
+/// Sentence-selection summarizer (informative sentences, maximal marginal relevance).
 pub struct ExtractiveSummarizer {
     embedder: Arc<dyn Embedder>,
     counter: Arc<dyn TokenCounter>,
     lambda: f32,
+    word_ratio: f32,
 }
 
 impl std::fmt::Debug for ExtractiveSummarizer {
@@ -37,13 +50,94 @@ impl std::fmt::Debug for ExtractiveSummarizer {
         f.debug_struct("ExtractiveSummarizer")
             .field("model", &self.embedder.model_id())
             .field("lambda", &self.lambda)
+            .field("word_ratio", &self.word_ratio)
             .finish()
     }
 }
 
+/// Words that carry no information on their own in conversation: greetings, thanks,
+/// reactions, fillers. A unit made of nothing else is phatic.
+#[rustfmt::skip]
+const PHATIC: &[&str] = &[
+    "absolutely", "always", "amazing", "anything", "appreciate", "awesome", "aww", "beautiful",
+    "btw", "bye", "care", "catch", "cheers", "congrats", "congratulations", "cool", "day",
+    "definitely", "everything", "excited", "fantastic", "feel", "feels", "fun", "get", "glad",
+    "goes", "going", "good", "goodbye", "got", "great", "guess", "haha", "hang", "happy",
+    "hear", "hearing", "hello", "hey", "hi", "hmm", "hope", "hugs", "incredible", "keep",
+    "kind", "know", "later", "let", "like", "lol", "lot", "love", "lovely", "luck", "man",
+    "mean", "means", "morning", "much", "nice", "night", "oh", "ok", "okay", "omg", "one",
+    "proud", "really", "right", "see", "share", "sharing", "something", "soon", "sounds",
+    "stuff", "sure", "sweet", "take", "talk", "thank", "thanks", "thing", "things", "think",
+    "totally", "um", "wait", "well", "wishing", "wonderful", "wow", "ya", "yay", "yeah", "yep",
+    "yes",
+];
+
+fn is_phatic_word(w: &str) -> bool {
+    PHATIC.binary_search(&w).is_ok()
+}
+
+/// A candidate line of the summary.
+#[derive(Debug, Clone)]
 struct Unit {
+    /// Who said it (written as `Speaker: `), when known.
+    speaker: Option<String>,
+    /// The day it belongs to, when known.
+    date: Option<NaiveDate>,
+    /// The sentence, without date or speaker.
     text: String,
+    /// Position among all units (time order).
     order: usize,
+    /// The item it came from (the previous summary counts as one).
+    group: usize,
+    /// Distinct content words (lowercase).
+    words: Vec<String>,
+    /// Content words that were written capitalised inside the sentence or hold a digit.
+    named: HashSet<String>,
+    /// Whitespace-separated words of the written line (speaker included).
+    length: usize,
+}
+
+impl Unit {
+    fn new(speaker: Option<String>, date: Option<NaiveDate>, text: String, group: usize) -> Self {
+        let mut words = content_words(&text);
+        let mut named = HashSet::new();
+        for (k, raw) in text.split_whitespace().enumerate() {
+            let w = raw.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+            let capital = k > 0 && w.chars().next().is_some_and(|c| c.is_ascii_uppercase());
+            let digit = w.chars().any(|c| c.is_ascii_digit());
+            if capital || digit {
+                named.extend(tokens(w).filter(|t| !is_stop_word(t)));
+            }
+        }
+        let mut seen = HashSet::new();
+        words.retain(|w| seen.insert(w.clone()));
+        let length = text.split_whitespace().count()
+            + speaker
+                .as_deref()
+                .map_or(0, |s| s.split_whitespace().count());
+        Self {
+            speaker,
+            date,
+            text,
+            order: 0,
+            group,
+            words,
+            named,
+            length,
+        }
+    }
+
+    /// At least three content words, and at least two that are not greetings or reactions.
+    fn informative(&self) -> bool {
+        self.words.len() >= 3 && self.words.iter().filter(|w| !is_phatic_word(w)).count() >= 2
+    }
+
+    fn line(&self) -> String {
+        match &self.speaker {
+            Some(s) => format!("{s}: {}", self.text),
+            None => self.text.clone(),
+        }
+    }
 }
 
 impl ExtractiveSummarizer {
@@ -53,6 +147,7 @@ impl ExtractiveSummarizer {
             embedder,
             counter: Arc::new(CharEstimateCounter::default()),
             lambda: 0.7,
+            word_ratio: 0.25,
         }
     }
 
@@ -68,96 +163,23 @@ impl ExtractiveSummarizer {
         self
     }
 
-    fn units(request: &SummaryRequest) -> Vec<Unit> {
-        let mut out = Vec::new();
-        if let Some(prev) = &request.previous {
-            for line in prev.lines().map(str::trim).filter(|l| !l.is_empty()) {
-                out.push(Unit {
-                    text: line.to_owned(),
-                    order: out.len(),
-                });
-            }
-        }
-        for item in &request.items {
-            if item.kind == MemoryKind::Summary {
-                for line in item
-                    .content
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                {
-                    out.push(Unit {
-                        text: line.to_owned(),
-                        order: out.len(),
-                    });
-                }
-                continue;
-            }
-            let prefix = prefix(item);
-            for s in sentences(&item.content) {
-                out.push(Unit {
-                    text: format!("{prefix}{s}"),
-                    order: out.len(),
-                });
-            }
-        }
-        out
-    }
-
-    fn select(&self, units: &[Unit], vectors: &[Vec<f32>], budget: usize) -> Vec<usize> {
-        let dim = vectors.first().map_or(0, Vec::len);
-        let mut centroid = vec![0f32; dim];
-        for v in vectors {
-            for (c, x) in centroid.iter_mut().zip(v) {
-                *c += x;
-            }
-        }
-        let centroid = cairn_core::normalized(centroid).unwrap_or_else(|_| vec![0.0; dim]);
-        let relevance: Vec<f32> = vectors.iter().map(|v| dot(v, &centroid)).collect();
-        // 0 = open, 1 = picked, 2 = skipped (does not fit the remaining budget).
-        let mut state = vec![0u8; units.len()];
-        let mut max_sim = vec![0f32; units.len()];
-        let mut picked: Vec<usize> = Vec::new();
-        let mut used = 0usize;
-        loop {
-            let mut best: Option<(usize, f32)> = None;
-            for i in (0..units.len()).filter(|i| state[*i] == 0) {
-                let score = self.lambda * relevance[i] - (1.0 - self.lambda) * max_sim[i];
-                if best.is_none_or(|(_, b)| score > b) {
-                    best = Some((i, score));
-                }
-            }
-            let Some((i, _)) = best else { break };
-            let cost = self.counter.count(&units[i].text) + 1;
-            if used + cost > budget {
-                if picked.is_empty() {
-                    // Nothing fits: the best unit alone, cut to the budget by the caller.
-                    picked.push(i);
-                    break;
-                }
-                state[i] = 2;
-                continue;
-            }
-            used += cost;
-            state[i] = 1;
-            picked.push(i);
-            for j in 0..units.len() {
-                max_sim[j] = max_sim[j].max(dot(&vectors[i], &vectors[j]));
-            }
-        }
-        picked.sort_by_key(|i| units[*i].order);
-        picked
+    /// The most words a summary may have, as a share of its sources' words, in `(0, 1]`
+    /// (default 0.25). A summary always keeps at least one line.
+    pub fn with_word_ratio(mut self, ratio: f32) -> Self {
+        self.word_ratio = if ratio.is_finite() {
+            ratio.clamp(0.01, 1.0)
+        } else {
+            0.25
+        };
+        self
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-fn prefix(item: &SummaryItem) -> String {
-    let who = item
-        .speaker
+/// The name written before an item's sentences: its speaker, else its role, else its kind.
+fn who(item: &SummaryItem) -> String {
+    item.speaker
         .clone()
+        .filter(|s| !s.trim().is_empty())
         .or_else(|| {
             item.role.map(|r| {
                 let s = r.as_str();
@@ -167,8 +189,47 @@ fn prefix(item: &SummaryItem) -> String {
                     .unwrap_or_default()
             })
         })
-        .unwrap_or_else(|| item.kind.as_str().to_owned());
-    format!("[{}] {who}: ", item.created_at.format("%Y-%m-%d"))
+        .unwrap_or_else(|| item.kind.as_str().to_owned())
+}
+
+/// `content` without a leading `who: ` (imports write the speaker into the text too).
+fn strip_speaker<'a>(content: &'a str, who: &str) -> &'a str {
+    let c = content.trim_start();
+    c.strip_prefix(who)
+        .and_then(|rest| rest.strip_prefix(':'))
+        .map_or(c, str::trim_start)
+}
+
+/// One line of a summary, read back: `[date] Speaker: sentence`, each part optional.
+/// `None` for a date-range header line.
+fn parse_line(line: &str) -> Option<(Option<NaiveDate>, Option<String>, String)> {
+    let mut rest = line.trim();
+    let mut date = None;
+    if let Some(inner) = rest.strip_prefix('[') {
+        if let Some(end) = inner.find(']') {
+            let tag = &inner[..end];
+            if let Ok(d) = NaiveDate::parse_from_str(tag, "%Y-%m-%d") {
+                date = Some(d);
+                rest = inner[end + 1..].trim_start();
+            } else if tag.contains(" to ") && inner[end + 1..].trim().is_empty() {
+                return None;
+            }
+        }
+    }
+    let mut speaker = None;
+    if let Some(colon) = rest.find(": ") {
+        let name = &rest[..colon];
+        let plausible = !name.is_empty()
+            && name.len() <= 40
+            && name.split_whitespace().count() <= 4
+            && name.chars().next().is_some_and(char::is_alphabetic)
+            && !name.contains(['.', '!', '?', ',', '[', ']']);
+        if plausible {
+            speaker = Some(name.to_owned());
+            rest = rest[colon + 2..].trim_start();
+        }
+    }
+    Some((date, speaker, rest.to_owned()))
 }
 
 /// Splits text into sentences at `.`, `!` or `?` followed by whitespace, and at newlines.
@@ -197,6 +258,274 @@ pub fn sentences(text: &str) -> Vec<String> {
     out
 }
 
+/// The units of a request, in time order, and the number of words of its sources.
+fn units(request: &SummaryRequest) -> (Vec<Unit>, usize) {
+    let mut out = Vec::new();
+    let mut source_words = 0;
+    let mut group = 0;
+    let summary_lines = |text: &str, first_date: Option<NaiveDate>, group: usize| {
+        let mut date = first_date;
+        let mut units = Vec::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let Some((d, speaker, body)) = parse_line(line) else {
+                continue;
+            };
+            if d.is_some() {
+                date = d;
+            }
+            if !body.is_empty() {
+                units.push(Unit::new(speaker, date, body, group));
+            }
+        }
+        units
+    };
+    if let Some(prev) = &request.previous {
+        source_words += prev.split_whitespace().count();
+        out.extend(summary_lines(prev, None, group));
+        group += 1;
+    }
+    for item in &request.items {
+        if item.kind == MemoryKind::Summary {
+            source_words += item.content.split_whitespace().count();
+            let start = item.time_start.unwrap_or(item.created_at).date_naive();
+            out.extend(summary_lines(&item.content, Some(start), group));
+        } else {
+            let name = who(item);
+            let body = strip_speaker(&item.content, &name);
+            source_words += body.split_whitespace().count();
+            let date = Some(item.created_at.date_naive());
+            for s in sentences(body) {
+                out.push(Unit::new(Some(name.clone()), date, s, group));
+            }
+        }
+        group += 1;
+    }
+    for (i, u) in out.iter_mut().enumerate() {
+        u.order = i;
+    }
+    (out, source_words)
+}
+
+/// Word weights: rarity in the thread (or among the units), more for named things and
+/// numbers, more for a word's first mention. In the unit's word order, so that sums over
+/// them are the same on every run.
+fn weights(units: &[Unit], stats: Option<&TermStats>) -> Vec<Vec<(String, f32)>> {
+    let local;
+    let stats = match stats {
+        Some(s) if s.docs() > 0 => s,
+        _ => {
+            let mut s = TermStats::new();
+            for u in units {
+                s.add_doc(u.words.iter().cloned());
+            }
+            local = s;
+            &local
+        }
+    };
+    let mut seen: HashSet<&str> = HashSet::new();
+    units
+        .iter()
+        .map(|u| {
+            u.words
+                .iter()
+                .map(|w| {
+                    let mut weight = stats.idf(w).max(0.05);
+                    if u.named.contains(w) {
+                        weight *= 1.5;
+                    }
+                    if is_phatic_word(w) {
+                        weight *= 0.25;
+                    }
+                    if seen.insert(w.as_str()) {
+                        weight *= 1.2;
+                    }
+                    (w.clone(), weight)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+impl ExtractiveSummarizer {
+    /// Picks units (indices, in time order) under the token and word budgets.
+    fn select(
+        &self,
+        units: &[Unit],
+        vectors: &[Vec<f32>],
+        weights: &[Vec<(String, f32)>],
+        token_budget: usize,
+        word_budget: usize,
+        round_robin: bool,
+    ) -> Vec<usize> {
+        let n = units.len();
+        // Candidates: informative units, or all of them when none is.
+        let informative: Vec<bool> = units.iter().map(Unit::informative).collect();
+        let candidate: Vec<bool> = if informative.iter().any(|x| *x) {
+            informative
+        } else {
+            units.iter().map(|u| !u.words.is_empty()).collect()
+        };
+        let candidate: Vec<bool> = if candidate.iter().any(|x| *x) {
+            candidate
+        } else {
+            vec![true; n]
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let density = |i: usize, covered: &HashSet<&str>| -> f32 {
+            let gain: f32 = weights[i]
+                .iter()
+                .filter(|(w, _)| !covered.contains(w.as_str()))
+                .map(|(_, v)| *v)
+                .sum();
+            gain / (units[i].length.max(1) as f32).sqrt()
+        };
+        let empty = HashSet::new();
+        let top = (0..n)
+            .filter(|i| candidate[*i])
+            .map(|i| density(i, &empty))
+            .fold(0f32, f32::max)
+            .max(f32::EPSILON);
+        let mut covered: HashSet<&str> = HashSet::new();
+        let mut max_sim = vec![0f32; n];
+        // 0 = open, 1 = picked, 2 = out (does not fit, or not a candidate).
+        let mut state: Vec<u8> = candidate.iter().map(|c| if *c { 0 } else { 2 }).collect();
+        let mut picked: Vec<usize> = Vec::new();
+        let (mut tokens_used, mut words_used) = (0usize, 0usize);
+        let groups: Vec<usize> = {
+            let mut g: Vec<usize> = units.iter().map(|u| u.group).collect();
+            g.dedup();
+            g
+        };
+        // Speakers first: each one with a candidate gets one line before anyone a second.
+        let mut speakers: Vec<Option<&str>> = Vec::new();
+        for (i, u) in units.iter().enumerate() {
+            if candidate[i] && !speakers.contains(&u.speaker.as_deref()) {
+                speakers.push(u.speaker.as_deref());
+            }
+        }
+        let mut unseen_speakers: Vec<Option<&str>> =
+            if round_robin { Vec::new() } else { speakers };
+        let mut turn = 0usize;
+        let mut misses = 0usize;
+        loop {
+            // Which units may be picked this round.
+            let allowed = |i: usize| -> bool {
+                if !unseen_speakers.is_empty() {
+                    return unseen_speakers.contains(&units[i].speaker.as_deref());
+                }
+                if round_robin && !groups.is_empty() {
+                    return units[i].group == groups[turn % groups.len()];
+                }
+                true
+            };
+            let mut best: Option<(usize, f32)> = None;
+            for i in (0..n).filter(|i| state[*i] == 0 && allowed(*i)) {
+                let gain = density(i, &covered) / top;
+                let score = self.lambda * gain - (1.0 - self.lambda) * max_sim[i];
+                if best.is_none_or(|(_, b)| score > b) {
+                    best = Some((i, score));
+                }
+            }
+            let Some((i, _)) = best else {
+                if !unseen_speakers.is_empty() {
+                    unseen_speakers.clear();
+                    continue;
+                }
+                // This child has nothing left: the next one's turn.
+                if round_robin && misses < groups.len() && (0..n).any(|i| state[i] == 0) {
+                    turn += 1;
+                    misses += 1;
+                    continue;
+                }
+                break;
+            };
+            let cost = self.counter.count(&units[i].line()) + 1;
+            if tokens_used + cost > token_budget || words_used + units[i].length > word_budget {
+                if picked.is_empty() {
+                    // Nothing fits: the best unit alone, cut to the budget by the caller.
+                    picked.push(i);
+                    break;
+                }
+                state[i] = 2;
+                continue;
+            }
+            tokens_used += cost;
+            words_used += units[i].length;
+            state[i] = 1;
+            picked.push(i);
+            covered.extend(units[i].words.iter().map(String::as_str));
+            for j in 0..n {
+                max_sim[j] = max_sim[j].max(dot(&vectors[i], &vectors[j]));
+            }
+            let who = units[i].speaker.as_deref();
+            unseen_speakers.retain(|s| *s != who);
+            if round_robin {
+                turn += 1;
+                misses = 0;
+            }
+        }
+        picked.sort_by_key(|i| units[*i].order);
+        picked
+    }
+}
+
+/// Writes picked units one per line, the date once per day.
+fn render(units: &[&Unit], header: Option<String>) -> String {
+    let mut lines: Vec<String> = header.into_iter().collect();
+    let mut day = None;
+    for u in units {
+        let mut line = u.line();
+        if u.date.is_some() && u.date != day {
+            day = u.date;
+            if let Some(d) = u.date {
+                line = format!("[{}] {line}", d.format("%Y-%m-%d"));
+            }
+        }
+        lines.push(line);
+    }
+    lines.join("\n")
+}
+
+/// The top `n` keywords of a summary: the content words of its sentences (dates and
+/// speaker names left out) ranked by count times rarity in `stats`, named things and numbers
+/// first among equals; each in the form first written.
+pub fn summary_keywords(text: &str, stats: &TermStats, n: usize) -> Vec<String> {
+    let mut score: HashMap<String, (f32, usize, String)> = HashMap::new();
+    let mut at = 0usize;
+    for line in text.lines() {
+        let Some((_, _, body)) = parse_line(line) else {
+            continue;
+        };
+        let unit = Unit::new(None, None, body, 0);
+        for raw in unit.text.split_whitespace() {
+            let surface = raw.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+            for w in tokens(surface).filter(|w| !is_stop_word(w) && !is_phatic_word(w)) {
+                at += 1;
+                let mut weight = if stats.docs() > 0 { stats.idf(&w) } else { 1.0 };
+                if unit.named.contains(&w) {
+                    weight *= 1.5;
+                }
+                let e = score
+                    .entry(w)
+                    .or_insert_with(|| (0.0, at, surface.to_owned()));
+                e.0 += weight;
+            }
+        }
+    }
+    let mut ranked: Vec<(String, (f32, usize, String))> = score.into_iter().collect();
+    ranked.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
+    ranked
+        .into_iter()
+        .filter(|(w, _)| w.len() > 1)
+        .take(n)
+        .map(|(_, (_, _, s))| s)
+        .collect()
+}
+
 #[async_trait]
 impl Summarizer for ExtractiveSummarizer {
     fn name(&self) -> &str {
@@ -204,7 +533,7 @@ impl Summarizer for ExtractiveSummarizer {
     }
 
     async fn summarize(&self, request: &SummaryRequest) -> Result<String, SummarizeError> {
-        let units = Self::units(request);
+        let (units, source_words) = units(request);
         if units.is_empty() {
             return Err(SummarizeError::NoInput);
         }
@@ -217,23 +546,53 @@ impl Summarizer for ExtractiveSummarizer {
         .await
         .map_err(|e| SummarizeError::Other(e.to_string()))?
         .map_err(|e| SummarizeError::Other(format!("embedding sentences: {e}")))?;
-        let budget = request.max_tokens.max(1);
-        let picked = self.select(&units, &vectors, budget);
-        let mut lines: Vec<String> = picked.iter().map(|i| units[*i].text.clone()).collect();
+        if vectors.len() != units.len() {
+            return Err(SummarizeError::Other(format!(
+                "the embedder returned {} vectors for {} sentences",
+                vectors.len(),
+                units.len()
+            )));
+        }
+        let rollup = request.items.iter().any(|i| i.kind == MemoryKind::Summary);
+        let header = if rollup {
+            request
+                .time_range()
+                .map(|(a, b)| format!("[{} to {}]", a.format("%Y-%m-%d"), b.format("%Y-%m-%d")))
+        } else {
+            None
+        };
+        let days: HashSet<NaiveDate> = units.iter().filter_map(|u| u.date).collect();
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let word_budget = ((source_words as f32 * self.word_ratio).floor() as usize)
+            .saturating_sub(days.len() + if header.is_some() { 3 } else { 0 });
+        let header_tokens = header.as_deref().map_or(0, |h| self.counter.count(h) + 1);
+        let budget = request
+            .max_tokens
+            .max(1)
+            .saturating_sub(header_tokens)
+            .max(1);
+        let weights = weights(&units, request.term_stats.as_deref());
+        let picked = self.select(&units, &vectors, &weights, budget, word_budget, rollup);
+        let chosen: Vec<&Unit> = picked.iter().map(|i| &units[*i]).collect();
+        let mut out = render(&chosen, header.clone());
         // A single unit longer than the budget is cut to it.
-        if lines.len() == 1 && self.counter.count(&lines[0]) > budget {
-            let mut s = lines[0].clone();
+        if chosen.len() == 1 && self.counter.count(&out) > request.max_tokens.max(1) {
+            let mut unit = chosen[0].clone();
             loop {
-                let keep = s.chars().count() * 9 / 10;
-                s = s.chars().take(keep).collect();
-                let cut = format!("{}…", s.trim_end());
-                if s.is_empty() || self.counter.count(&cut) <= budget {
-                    lines[0] = cut;
+                let keep = unit.text.chars().count() * 9 / 10;
+                unit.text = unit.text.chars().take(keep).collect();
+                let mut cut = unit.clone();
+                cut.text = format!("{}…", unit.text.trim_end());
+                out = render(&[&cut], header.clone());
+                if unit.text.is_empty() || self.counter.count(&out) <= request.max_tokens.max(1) {
                     break;
                 }
             }
         }
-        let out = lines.join("\n");
         if out.trim().is_empty() {
             return Err(SummarizeError::EmptyOutput);
         }
@@ -258,5 +617,82 @@ mod tests {
             ]
         );
         assert!(sentences("   ").is_empty());
+    }
+
+    #[test]
+    fn phatic_words_are_sorted() {
+        assert!(PHATIC.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn lines_read_back() {
+        assert_eq!(
+            parse_line("[2023-05-08] Caroline: I went to a support group."),
+            Some((
+                NaiveDate::from_ymd_opt(2023, 5, 8),
+                Some("Caroline".to_owned()),
+                "I went to a support group.".to_owned()
+            ))
+        );
+        assert_eq!(
+            parse_line("Mel Lee: Painted a lake: sunrise."),
+            Some((
+                None,
+                Some("Mel Lee".into()),
+                "Painted a lake: sunrise.".into()
+            ))
+        );
+        assert_eq!(
+            parse_line("Well, so: it rained."),
+            Some((None, None, "Well, so: it rained.".into()))
+        );
+        assert_eq!(parse_line("[2023-05-08 to 2023-06-01]"), None);
+    }
+
+    #[test]
+    fn speaker_prefix_is_stripped_once() {
+        assert_eq!(
+            strip_speaker("Audrey: Hey Andrew!", "Audrey"),
+            "Hey Andrew!"
+        );
+        assert_eq!(strip_speaker("Hey Andrew!", "Audrey"), "Hey Andrew!");
+        assert_eq!(strip_speaker("Audreys: x", "Audrey"), "Audreys: x");
+    }
+
+    #[test]
+    fn greetings_are_not_informative() {
+        for s in [
+            "Good to see ya!",
+            "Have a good one!",
+            ":)",
+            "Take care!",
+            "Thanks so much, that sounds great!",
+        ] {
+            assert!(!Unit::new(None, None, s.into(), 0).informative(), "{s}");
+        }
+        assert!(Unit::new(
+            None,
+            None,
+            "I adopted a puppy named Biscuit in May.".into(),
+            0
+        )
+        .informative());
+    }
+
+    #[test]
+    fn keywords_rank_rare_named_things() {
+        let mut stats = TermStats::new();
+        for _ in 0..20 {
+            stats.add_doc(["went", "today", "get", "dog", "hiking"].map(str::to_owned));
+        }
+        stats.add_doc(["tattoo".to_owned()]);
+        let kw = summary_keywords(
+            "[2023-05-08] Audrey: I went to get a dog tattoo today.\nAndrew: Went hiking at Mount Rainier today.",
+            &stats,
+            4,
+        );
+        assert!(kw.contains(&"tattoo".to_owned()), "{kw:?}");
+        assert!(kw.contains(&"Rainier".to_owned()), "{kw:?}");
+        assert!(!kw.iter().any(|k| k == "Audrey" || k == "2023"), "{kw:?}");
     }
 }

@@ -47,14 +47,14 @@ pub use conversation::{
     SummaryBufferMemory, SummaryBufferOptions, ToolCall, SUMMARY_SEPARATOR,
 };
 pub use error::{HarnessError, Result};
-pub use extractive::{sentences, ExtractiveSummarizer};
+pub use extractive::{sentences, summary_keywords, ExtractiveSummarizer};
 pub use harness::{
     fuse, fuse_ids, fuse_weighted, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness,
     SearchHit, SearchMode, SearchOptions, SummaryTree, RRF_K,
 };
 pub use openai::{
-    render_transcript, OpenAiBuilder, OpenAiSummarizer, PromptTemplate, DEFAULT_TEMPLATE,
-    NEW_LINES, PREVIOUS,
+    render_transcript, OpenAiBuilder, OpenAiSummarizer, PromptTemplate, RollupTemplate, DATE_RANGE,
+    DEFAULT_ROLLUP_TEMPLATE, DEFAULT_TEMPLATE, LEVEL, NEW_LINES, PREVIOUS,
 };
 pub use recall::RecallWeights;
 pub use tokens::{HfTokenCounter, RunningTotal, TiktokenCounter};

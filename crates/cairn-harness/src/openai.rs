@@ -17,6 +17,15 @@ pub const NEW_LINES: &str = "{new_lines}";
 /// LangChain's progressive-summary prompt, with named placeholders.
 pub const DEFAULT_TEMPLATE: &str = "Progressively summarize the lines of conversation provided, adding onto the previous summary and returning a new summary. Keep names, dates and decisions.\n\nCurrent summary:\n{previous_summary}\n\nNew lines of conversation:\n{new_lines}\n\nNew summary:";
 
+/// The placeholder for the level of the summary a roll-up writes.
+pub const LEVEL: &str = "{level}";
+/// The placeholder for the dates a roll-up's sources span.
+pub const DATE_RANGE: &str = "{date_range}";
+
+/// The roll-up prompt: summaries of summaries, told their level and dates, asked for
+/// who, what and when.
+pub const DEFAULT_ROLLUP_TEMPLATE: &str = "Combine the summaries below into one level-{level} summary of a conversation that spans {date_range}. Say who did what and when: keep each person's name with what they said, did or plan, and keep the dates. Write short factual sentences; leave out greetings.\n\nSummaries, oldest first:\n{new_lines}\n\nCombined summary:";
+
 /// Checks that every placeholder of `known` (written `{name}`) appears in `template` and no
 /// other `{identifier}` does; other braces (JSON, say) are left alone.
 pub(crate) fn check_placeholders(template: &str, known: &[&str]) -> Result<()> {
@@ -72,6 +81,53 @@ impl Default for PromptTemplate {
     }
 }
 
+/// The prompt for roll-ups (summaries of summaries), with `{level}`, `{date_range}` and
+/// `{new_lines}`, checked when built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollupTemplate(String);
+
+impl RollupTemplate {
+    /// Checks that the three placeholders appear and no other `{name}` does.
+    pub fn new(template: impl Into<String>) -> Result<Self> {
+        let t = template.into();
+        check_placeholders(&t, &[LEVEL, DATE_RANGE, NEW_LINES])?;
+        Ok(Self(t))
+    }
+
+    /// Fills the placeholders.
+    pub fn render(&self, level: u32, date_range: &str, new_lines: &str) -> String {
+        self.0
+            .replace(LEVEL, &level.to_string())
+            .replace(DATE_RANGE, date_range)
+            .replace(NEW_LINES, new_lines)
+    }
+}
+
+impl Default for RollupTemplate {
+    fn default() -> Self {
+        Self(DEFAULT_ROLLUP_TEMPLATE.to_owned())
+    }
+}
+
+/// Renders summaries for a roll-up prompt: one numbered block each, headed by its dates.
+fn render_summaries(items: &[SummaryItem]) -> String {
+    items
+        .iter()
+        .enumerate()
+        .map(|(n, i)| {
+            let start = i.time_start.unwrap_or(i.created_at);
+            format!(
+                "{}. ({} to {})\n{}",
+                n + 1,
+                start.format("%Y-%m-%d"),
+                i.created_at.format("%Y-%m-%d"),
+                i.content.trim()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
 /// Renders items as `ROLE: text` lines; tool calls and tool results are marked.
 pub fn render_transcript(items: &[SummaryItem]) -> String {
     items
@@ -101,6 +157,7 @@ pub struct OpenAiBuilder {
     model: String,
     api_key_env: Option<String>,
     template: PromptTemplate,
+    rollup_template: RollupTemplate,
     max_tokens: u32,
     timeout: Duration,
     retries: u32,
@@ -119,6 +176,12 @@ impl OpenAiBuilder {
     /// The prompt template.
     pub fn template(mut self, t: PromptTemplate) -> Self {
         self.template = t;
+        self
+    }
+
+    /// The roll-up prompt (for summaries of summaries).
+    pub fn rollup_template(mut self, t: RollupTemplate) -> Self {
+        self.rollup_template = t;
         self
     }
 
@@ -223,6 +286,7 @@ impl OpenAiSummarizer {
             model: model.into(),
             api_key_env: None,
             template: PromptTemplate::default(),
+            rollup_template: RollupTemplate::default(),
             max_tokens: 256,
             timeout: Duration::from_secs(60),
             retries: 3,
@@ -305,15 +369,31 @@ impl OpenAiSummarizer {
         }
     }
 
+    /// The prompt sent for `request`: the roll-up prompt when every item is a summary and
+    /// there is no previous summary to extend, else the progressive one.
+    pub fn prompt(&self, request: &SummaryRequest) -> String {
+        let rollup = request.previous.is_none()
+            && !request.items.is_empty()
+            && request.items.iter().all(|i| i.kind == MemoryKind::Summary);
+        match request.time_range() {
+            Some((start, end)) if rollup => self.settings.rollup_template.render(
+                request.level.max(2),
+                &format!("{} to {}", start.format("%Y-%m-%d"), end.format("%Y-%m-%d")),
+                &render_summaries(&request.items),
+            ),
+            _ => self.settings.template.render(
+                request.previous.as_deref().unwrap_or(""),
+                &render_transcript(&request.items),
+            ),
+        }
+    }
+
     /// The blocking call with retries.
     pub fn summarize_blocking(&self, request: &SummaryRequest) -> Result<String, SummarizeError> {
         if request.items.is_empty() {
             return Err(SummarizeError::NoInput);
         }
-        let prompt = self.settings.template.render(
-            request.previous.as_deref().unwrap_or(""),
-            &render_transcript(&request.items),
-        );
+        let prompt = self.prompt(request);
         let max_tokens = u32::try_from(request.max_tokens)
             .unwrap_or(u32::MAX)
             .min(self.settings.max_tokens)
@@ -389,6 +469,51 @@ mod tests {
         assert!(PromptTemplate::new("{previous_summary} {new_lines} {\"a\": 1}").is_ok());
         let t = PromptTemplate::new("P={previous_summary};N={new_lines}").unwrap();
         assert_eq!(t.render("a", "b"), "P=a;N=b");
+    }
+
+    #[test]
+    fn rollups_get_their_level_and_dates() {
+        let s = OpenAiSummarizer::builder("http://127.0.0.1:1", "m")
+            .build()
+            .unwrap();
+        let at = |d: u32| {
+            chrono::NaiveDate::from_ymd_opt(2023, 5, d)
+                .unwrap()
+                .and_hms_opt(12, 0, 0)
+                .unwrap()
+                .and_utc()
+        };
+        let child = |d: u32, text: &str| SummaryItem {
+            kind: MemoryKind::Summary,
+            role: None,
+            speaker: None,
+            created_at: at(d + 1),
+            time_start: Some(at(d)),
+            content: text.into(),
+        };
+        let req = SummaryRequest {
+            items: vec![
+                child(8, "Caroline: I went to a support group."),
+                child(20, "Melanie: I ran a charity race."),
+            ],
+            max_tokens: 100,
+            level: 3,
+            ..Default::default()
+        };
+        let p = s.prompt(&req);
+        assert!(p.contains("level-3 summary"), "{p}");
+        assert!(p.contains("spans 2023-05-08 to 2023-05-21"), "{p}");
+        assert!(p.contains("who did what and when"), "{p}");
+        assert!(
+            p.contains("1. (2023-05-08 to 2023-05-09)\nCaroline: I went"),
+            "{p}"
+        );
+        // Raw turns get the progressive prompt.
+        let mut raw = req.clone();
+        raw.items[0].kind = MemoryKind::Conversational;
+        assert!(s.prompt(&raw).starts_with("Progressively summarize"));
+        assert!(RollupTemplate::new("{level} {new_lines}").is_err());
+        assert!(RollupTemplate::new("{level} {date_range} {new_lines}").is_ok());
     }
 
     #[test]

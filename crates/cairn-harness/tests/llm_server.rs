@@ -72,6 +72,7 @@ fn request() -> SummaryRequest {
         role: Some(role),
         speaker: None,
         created_at: at,
+        time_start: None,
         content: content.into(),
     };
     SummaryRequest {
@@ -88,6 +89,7 @@ fn request() -> SummaryRequest {
             item(Role::User, "Boots. My budget is 150 euros."),
         ],
         max_tokens: 60,
+        ..Default::default()
     }
 }
 
@@ -104,6 +106,46 @@ async fn summaries_timeouts_and_connection_errors_against_a_real_server() {
     let text = s.summarize(&request()).await.unwrap();
     println!("summary from SmolLM2: {text:?}");
     assert!(!text.trim().is_empty());
+
+    // A roll-up: summaries in, told their level and dates; the answer is text within the
+    // checks consolidation applies (not empty, at most twice the budget).
+    let at = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let child = |days: i64, content: &str| SummaryItem {
+        kind: MemoryKind::Summary,
+        role: None,
+        speaker: None,
+        created_at: at + chrono::Duration::days(days + 1),
+        time_start: Some(at + chrono::Duration::days(days)),
+        content: content.into(),
+    };
+    let rollup = SummaryRequest {
+        items: vec![
+            child(
+                0,
+                "[2023-11-14] Ann: I am planning a hiking trip to the Alps in August.",
+            ),
+            child(
+                9,
+                "[2023-11-23] Ann: I bought boots for 150 euros.\nBob: Book the hut early.",
+            ),
+        ],
+        max_tokens: 80,
+        level: 2,
+        ..Default::default()
+    };
+    let prompt = s.prompt(&rollup);
+    assert!(
+        prompt.contains("level-2") && prompt.contains("2023-11-14 to 2023-11-24"),
+        "{prompt}"
+    );
+    let text = s.summarize(&rollup).await.unwrap();
+    println!("roll-up from SmolLM2: {text:?}");
+    assert!(!text.trim().is_empty());
+    let counter = cairn_core::CharEstimateCounter::default();
+    assert!(
+        cairn_core::TokenCounter::count(&counter, &text) <= 2 * 80 * 2,
+        "{text}"
+    );
 
     // A timeout shorter than the call is reported as a timeout.
     let quick = OpenAiSummarizer::builder(&base, "smollm2")

@@ -1119,10 +1119,12 @@ fn api_keys_stay_out_of_errors_and_logs() {
                 kind: MemoryKind::Conversational,
                 role: Some(Role::User),
                 speaker: None,
+                time_start: None,
                 content: "hello".into(),
                 created_at: now(),
             }],
             max_tokens: 50,
+            ..Default::default()
         });
         let e = r.unwrap_err();
         tracing::warn!(error = %e, debug = ?e, "summarizer failed");

@@ -878,6 +878,31 @@ impl Store {
         Ok(out)
     }
 
+    /// The content and `metadata.speaker` (when it is text) of every memory `filter` admits,
+    /// oldest first, without embeddings or other columns: the words of a thread, for
+    /// statistics over its text.
+    pub fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
+        filter.validate()?;
+        let (cond, args) = filter.sql();
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT m.content, json_extract(m.metadata, '$.speaker') FROM memories m \
+                 WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
+            ))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                let speaker = match r.get_ref(1)? {
+                    rusqlite::types::ValueRef::Text(t) => {
+                        Some(String::from_utf8_lossy(t).into_owned())
+                    }
+                    _ => None,
+                };
+                Ok((r.get::<_, String>(0)?, speaker))
+            })?;
+            rows.collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Into::into)
+        })
+    }
+
     /// Every memory admitted by `filter`, oldest first (`limit` rows from `offset`).
     pub fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
