@@ -6,6 +6,7 @@
 //! piped.
 
 mod eval;
+mod eval_summaries;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -183,6 +184,17 @@ enum EvalCommand {
         /// flat_hybrid, flat_hybrid_grouped, cairn_assemble_context.
         #[arg(long = "strategy", value_name = "NAME")]
         strategies: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Summary quality on LoCoMo conversations: Cairn's level-1 summaries, a lead baseline
+    /// of the same length, and the dataset's session summaries; ROUGE against the session
+    /// summaries, length ratio, and evidence recall through the top 3 summaries.
+    Summaries {
+        dir: PathBuf,
+        /// Keep the evaluation store in this file (reused by later runs).
+        #[arg(long)]
+        store: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -638,6 +650,16 @@ async fn run(cli: Cli) -> Result<()> {
                 print_json(&report)?;
             } else {
                 print!("{}", eval::table(&report));
+            }
+        }
+        Command::Eval {
+            what: EvalCommand::Summaries { dir, store, json },
+        } => {
+            let report = eval_summaries::summaries(&dir, store.as_deref()).await?;
+            if json {
+                print_json(&report)?;
+            } else {
+                print!("{}", eval_summaries::table(&report));
             }
         }
     }

@@ -310,3 +310,149 @@ fn eval_on_a_fixture() {
         "{plain} {recent}"
     );
 }
+
+/// `eval summaries` on a small fixture made here: three sessions (20, 20 and 10 turns, so
+/// the default chunks of 20 fall on session boundaries), reference summaries, two questions.
+#[test]
+fn eval_summaries_on_a_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let sessions = [
+        (
+            "1:56 pm on 8 May, 2023",
+            20,
+            "I adopted a grey cat named Pixel last week and she already owns the sofa.",
+            "adopting a grey cat and the pottery classes on Tuesdays",
+            "Ann adopted a grey cat named Pixel and started pottery classes on Tuesdays; Bob \
+             congratulated her and asked about the bowls she makes.",
+        ),
+        (
+            "10:00 am on 20 May, 2023",
+            20,
+            "I signed up for the Lisbon marathon in October, so I run every morning now.",
+            "training for the Lisbon marathon and the long runs by the river",
+            "Bob is training for the Lisbon marathon in October and runs every morning; Ann \
+             promised to cheer for him at the finish line.",
+        ),
+        (
+            "9:30 am on 2 June, 2023",
+            10,
+            "I started a new job at the corner bakery and I bake sourdough before sunrise.",
+            "the new job at the corner bakery and baking sourdough at dawn",
+            "Ann started a new job at the corner bakery baking sourdough before sunrise; Bob \
+             asked for a loaf.",
+        ),
+    ];
+    let details = [
+        "the morning walk to the station",
+        "a rainy afternoon at the library",
+        "the neighbour's garden full of tulips",
+        "an old photo album from school",
+        "the noisy café near the square",
+        "a podcast about ancient history",
+        "the bicycle with a flat tyre",
+        "a long phone call with my mother",
+        "the jazz concert in the park",
+        "a recipe for lemon cake",
+    ];
+    let mut conv = serde_json::json!({"speaker_a": "Ann", "speaker_b": "Bob"});
+    for (s, (date, turns, first, topic, summary)) in sessions.iter().enumerate() {
+        let n = s + 1;
+        let list: Vec<serde_json::Value> = (1..=*turns)
+            .map(|i| {
+                let speaker = if i % 2 == 1 { "Ann" } else { "Bob" };
+                let text = if i == 1 || i == 3 {
+                    (*first).to_owned()
+                } else {
+                    format!(
+                        "Between {topic} I keep coming back to {}, which took most of day {i} \
+                         this week and left me smiling about it.",
+                        details[i % details.len()]
+                    )
+                };
+                serde_json::json!({"speaker": speaker, "dia_id": format!("D{n}:{i}"), "text": text})
+            })
+            .collect();
+        conv[format!("session_{n}_date_time")] = (*date).into();
+        conv[format!("session_{n}")] = list.into();
+        conv[format!("session_{n}_summary")] = (*summary).into();
+    }
+    conv["qa"] = serde_json::json!([
+        {"question": "What is the name of Ann's cat?", "answer": "Pixel", "evidence": ["D1:1"], "category": 4},
+        {"question": "Which marathon is Bob training for?", "answer": "Lisbon", "evidence": ["D2:3"], "category": 1},
+        {"question": "Unanswerable", "adversarial_answer": "x", "evidence": ["D1:2"], "category": 5}
+    ]);
+    std::fs::write(data.join("fixture.json"), conv.to_string()).unwrap();
+    let store = dir.path().join("summaries.db");
+    let eval = |extra: &[&str]| {
+        let mut args = vec![
+            "eval",
+            "summaries",
+            data.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        cairn(&dir.path().join("unused.db"), &args)
+    };
+    let r = json(&eval(&["--json"]));
+    assert_eq!(r["conversations"], 1);
+    for m in ["cairn", "lead", "reference"] {
+        for (what, f) in [
+            ("overall", &r["overall"][m]),
+            ("fixture", &r["per_conversation"][m]["fixture"]),
+        ] {
+            for k in [
+                "rouge1_f1",
+                "rouge1_recall",
+                "rouge2_f1",
+                "rougeL_f1",
+                "length_ratio",
+                "route_recall_at3",
+                "route_full_hit_at3",
+                "mean_leaves",
+            ] {
+                let v = f[k].as_f64().unwrap_or(f64::NAN);
+                assert!((0.0..=50.0).contains(&v), "{m} {what} {k}: {f}");
+            }
+            assert_eq!(f["sessions"], 3, "{m} {what}: {f}");
+            assert_eq!(f["questions"], 2, "{m} {what}: category 5 is left out");
+        }
+    }
+    let reference = &r["overall"]["reference"];
+    assert_eq!(reference["rouge1_f1"], 1.0, "the anchor: itself");
+    assert!(reference["route_recall_at3"].as_f64().unwrap() > 0.0);
+    assert!(reference["mean_leaves"].as_f64().unwrap() <= 50.0);
+    // Per session: lengths in (0, 1], and lead as long as Cairn's level-1 text.
+    let rows = |m: &str| r["per_session"][m]["fixture"].as_array().unwrap().clone();
+    let (cairn_rows, lead_rows) = (rows("cairn"), rows("lead"));
+    assert_eq!(cairn_rows.len(), 3);
+    for m in ["cairn", "lead", "reference"] {
+        for s in rows(m) {
+            let ratio = s["length_ratio"].as_f64().unwrap();
+            assert!(ratio > 0.0 && ratio <= 1.0, "{m}: {s}");
+        }
+    }
+    for (c, l) in cairn_rows.iter().zip(&lead_rows) {
+        assert_eq!(c["session"], l["session"]);
+        assert_eq!(c["summary_words"], l["summary_words"], "{c} {l}");
+    }
+    // A rerun on the kept store finds everything in place: the same figures.
+    assert_eq!(json(&eval(&["--json"])), r);
+    let table = ok(&eval(&[]));
+    assert!(table.contains("| cairn |") && table.contains("| reference |"));
+    assert!(table.contains("Per conversation") && table.contains("| fixture | lead |"));
+    // A missing directory: non-zero exit, a message naming it.
+    let o = cairn(
+        &dir.path().join("unused.db"),
+        &["eval", "summaries", "/nonexistent/locomo"],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cairn: error") && err.contains("/nonexistent/locomo"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+}
