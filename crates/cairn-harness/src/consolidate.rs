@@ -567,7 +567,7 @@ impl MemoryHarness {
             metadata,
             created_at: chunk.iter().map(|m| m.created_at).max(),
         };
-        match self.add_summary_with(summary).await {
+        match self.add_summary_blended(summary).await {
             Ok(unit) => {
                 *report.chunks_per_level.entry(level + 1).or_default() += 1;
                 report.memories_covered += chunk.len();
@@ -583,6 +583,41 @@ impl MemoryHarness {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+impl MemoryHarness {
+    /// Writes a consolidation summary with a vector that stands for both what it says and
+    /// what it covers: the mean of its text's embedding and its sources' centroid (each
+    /// unit length). An extractive summary keeps a quarter of its sources' words; the
+    /// centroid keeps the rest findable, so a search over summaries reaches the session that
+    /// talked about a thing even when the summary left that sentence out.
+    async fn add_summary_blended(&self, summary: NewSummary) -> Result<MemoryUnit> {
+        let inner = self.inner.clone();
+        blocking(move || -> Result<MemoryUnit> {
+            let text = inner.embedder.embed_one(&summary.content)?;
+            let mut centroid = vec![0f32; text.len()];
+            for id in &summary.source_ids {
+                let v = inner.store.embedding(*id)?;
+                if v.len() != centroid.len() {
+                    return Err(cairn_core::InputError::DimensionMismatch {
+                        expected: centroid.len(),
+                        got: v.len(),
+                    }
+                    .into());
+                }
+                for (c, x) in centroid.iter_mut().zip(&v) {
+                    *c += x;
+                }
+            }
+            let v = match cairn_core::normalized(centroid) {
+                Ok(c) => cairn_core::normalized(text.iter().zip(&c).map(|(a, b)| a + b).collect())
+                    .unwrap_or(text),
+                Err(_) => text,
+            };
+            Ok(inner.store.add_summary(summary, v)?)
+        })
+        .await?
     }
 }
 

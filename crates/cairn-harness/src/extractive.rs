@@ -21,6 +21,11 @@
 //! 4. The picked units are written in their original order, one per line, as
 //!    `Speaker: sentence`, the date written once per day (`[2023-05-08] ` before the day's
 //!    first line). A roll-up starts with its date range: `[2023-05-08 to 2023-06-20]`.
+//! 5. A last line names up to eight topics: the sources' heaviest words (summed weight over
+//!    the sentences that hold them, and the topics of summarized summaries) that the written
+//!    lines do not already say, speakers' names left out: `Topics: tattoo, Seattle, Rainier`.
+//!    Its words come out of the word budget. It keeps what the summary left out findable by
+//!    keyword and by meaning.
 //!
 //! Deterministic: the same input gives the same summary (embeddings are deterministic; ties
 //! go to the earlier unit).
@@ -259,14 +264,24 @@ pub fn sentences(text: &str) -> Vec<String> {
 }
 
 /// The units of a request, in time order, and the number of words of its sources.
-fn units(request: &SummaryRequest) -> (Vec<Unit>, usize) {
+fn units(request: &SummaryRequest) -> (Vec<Unit>, usize, Vec<String>) {
     let mut out = Vec::new();
     let mut source_words = 0;
     let mut group = 0;
-    let summary_lines = |text: &str, first_date: Option<NaiveDate>, group: usize| {
+    let mut pool: Vec<String> = Vec::new();
+    let mut summary_lines = |text: &str, first_date: Option<NaiveDate>, group: usize| {
         let mut date = first_date;
         let mut units = Vec::new();
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            if let Some(list) = line.strip_prefix(TOPICS) {
+                pool.extend(
+                    list.split(',')
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .map(str::to_owned),
+                );
+                continue;
+            }
             let Some((d, speaker, body)) = parse_line(line) else {
                 continue;
             };
@@ -303,7 +318,73 @@ fn units(request: &SummaryRequest) -> (Vec<Unit>, usize) {
     for (i, u) in out.iter_mut().enumerate() {
         u.order = i;
     }
-    (out, source_words)
+    (out, source_words, pool)
+}
+
+/// The last line of a summary: the words that stand for what its sources talked about.
+pub const TOPICS: &str = "Topics: ";
+
+/// Topics: the sources' heaviest words (summed weight over the units that hold them, plus
+/// the topics of summarized summaries) that the picked lines do not already say, in the form
+/// first written; numbers, short and phatic words left out.
+fn topics(
+    units: &[Unit],
+    weights: &[Vec<(String, f32)>],
+    picked: &[usize],
+    pool: &[String],
+    stats: Option<&TermStats>,
+    n: usize,
+) -> Vec<String> {
+    let mut covered: HashSet<String> = picked
+        .iter()
+        .flat_map(|i| units[*i].words.iter().cloned())
+        .collect();
+    // Speakers head every line already.
+    covered.extend(
+        units
+            .iter()
+            .filter_map(|u| u.speaker.as_deref())
+            .flat_map(tokens),
+    );
+    let eligible = |w: &str| {
+        w.len() > 2
+            && !w.chars().all(|c| c.is_ascii_digit())
+            && !is_phatic_word(w)
+            && !covered.contains(w)
+    };
+    // word -> (score, first position, surface form)
+    let mut score: HashMap<String, (f32, usize, String)> = HashMap::new();
+    let mut at = 0usize;
+    for (u, ws) in units.iter().zip(weights) {
+        for (w, weight) in ws.iter().filter(|(w, _)| eligible(w)) {
+            at += 1;
+            let surface = u
+                .text
+                .split_whitespace()
+                .map(|r| r.trim_matches(|c: char| !c.is_ascii_alphanumeric()))
+                .find(|r| r.eq_ignore_ascii_case(w))
+                .unwrap_or(w);
+            let e = score
+                .entry(w.clone())
+                .or_insert_with(|| (0.0, at, surface.to_owned()));
+            e.0 += weight;
+        }
+    }
+    for t in pool {
+        let key = t.to_ascii_lowercase();
+        if key.split_whitespace().count() != 1 || !eligible(&key) {
+            continue;
+        }
+        at += 1;
+        let weight = stats
+            .filter(|s| s.docs() > 0)
+            .map_or(1.0, |s| s.idf(&key).max(0.05));
+        let e = score.entry(key).or_insert_with(|| (0.0, at, t.clone()));
+        e.0 += weight;
+    }
+    let mut ranked: Vec<(f32, usize, String)> = score.into_values().collect();
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    ranked.into_iter().take(n).map(|(_, _, s)| s).collect()
 }
 
 /// Word weights: rarity in the thread (or among the units), more for named things and
@@ -490,20 +571,31 @@ fn render(units: &[&Unit], header: Option<String>) -> String {
     lines.join("\n")
 }
 
-/// The top `n` keywords of a summary: the content words of its sentences (dates and
-/// speaker names left out) ranked by count times rarity in `stats`, named things and numbers
-/// first among equals; each in the form first written.
+/// The top `n` keywords of a summary: the content words of its sentences and topics (dates
+/// and speakers' names left out) ranked by count times rarity in `stats`, named things and
+/// numbers weighing more; each in the form first written.
 pub fn summary_keywords(text: &str, stats: &TermStats, n: usize) -> Vec<String> {
+    let lines: Vec<(Option<String>, String)> = text
+        .lines()
+        .filter_map(|l| match l.strip_prefix(TOPICS) {
+            Some(list) => Some((None, list.to_owned())),
+            None => parse_line(l).map(|(_, who, body)| (who, body)),
+        })
+        .collect();
+    let speakers: HashSet<String> = lines
+        .iter()
+        .filter_map(|(who, _)| who.as_deref())
+        .flat_map(tokens)
+        .collect();
     let mut score: HashMap<String, (f32, usize, String)> = HashMap::new();
     let mut at = 0usize;
-    for line in text.lines() {
-        let Some((_, _, body)) = parse_line(line) else {
-            continue;
-        };
+    for (_, body) in lines {
         let unit = Unit::new(None, None, body, 0);
         for raw in unit.text.split_whitespace() {
             let surface = raw.trim_matches(|c: char| !c.is_ascii_alphanumeric());
-            for w in tokens(surface).filter(|w| !is_stop_word(w) && !is_phatic_word(w)) {
+            for w in tokens(surface)
+                .filter(|w| !is_stop_word(w) && !is_phatic_word(w) && !speakers.contains(w))
+            {
                 at += 1;
                 let mut weight = if stats.docs() > 0 { stats.idf(&w) } else { 1.0 };
                 if unit.named.contains(&w) {
@@ -533,7 +625,7 @@ impl Summarizer for ExtractiveSummarizer {
     }
 
     async fn summarize(&self, request: &SummaryRequest) -> Result<String, SummarizeError> {
-        let (units, source_words) = units(request);
+        let (units, source_words, pool) = units(request);
         if units.is_empty() {
             return Err(SummarizeError::NoInput);
         }
@@ -569,6 +661,13 @@ impl Summarizer for ExtractiveSummarizer {
         )]
         let word_budget = ((source_words as f32 * self.word_ratio).floor() as usize)
             .saturating_sub(days.len() + if header.is_some() { 3 } else { 0 });
+        // Up to 8 topics, one per 5 words of budget, none below 3; their words come out of
+        // the sentences' share.
+        let n_topics = match (word_budget / 5).min(8) {
+            n if n >= 3 => n,
+            _ => 0,
+        };
+        let word_budget = word_budget.saturating_sub(n_topics + usize::from(n_topics > 0));
         let header_tokens = header.as_deref().map_or(0, |h| self.counter.count(h) + 1);
         let budget = request
             .max_tokens
@@ -592,6 +691,22 @@ impl Summarizer for ExtractiveSummarizer {
                     break;
                 }
             }
+        }
+        let mut topics = topics(
+            &units,
+            &weights,
+            &picked,
+            &pool,
+            request.term_stats.as_deref(),
+            n_topics,
+        );
+        while topics.len() >= 3 {
+            let line = format!("{out}\n{TOPICS}{}", topics.join(", "));
+            if self.counter.count(&line) <= request.max_tokens.max(1) {
+                out = line;
+                break;
+            }
+            topics.pop();
         }
         if out.trim().is_empty() {
             return Err(SummarizeError::EmptyOutput);
