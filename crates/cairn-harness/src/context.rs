@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
 use cairn_store::Filter;
 
-use crate::harness::{blocking, Inner};
-use crate::recall::{score_timeline, vector_query, RecallWeights};
+use crate::harness::{blocking, fuse_ids, Inner};
+use crate::recall::{score_timeline, vector_query, RecallWeights, ROUTE_SUMMARIES};
 use crate::{HarnessError, MemoryHarness, Result};
 
 /// Why a piece is in the context.
@@ -411,10 +411,35 @@ fn assemble_with(
             .store
             .search_keyword_ids(query, depth, &turns_filter)?;
         let qv = join_vector(p)?;
+        // The summary route: turns under the level-1 summaries that match the query best.
+        let routed = if options.weights.route == 0.0 {
+            HashSet::new()
+        } else {
+            let f = Filter::all()
+                .thread(thread.clone())
+                .kinds([MemoryKind::Summary])
+                .levels(1, 1);
+            let v = inner
+                .store
+                .search_vector_ids(qv.clone(), ROUTE_SUMMARIES, &f, None)?;
+            let k = inner.store.search_keyword_ids(query, ROUTE_SUMMARIES, &f)?;
+            let top: Vec<u64> = fuse_ids(&[v, k], ROUTE_SUMMARIES)
+                .into_iter()
+                .map(|(vid, _)| vid)
+                .collect();
+            inner.store.leaf_vids(&top)?
+        };
         let vector = inner
             .store
             .search_vector_ids(qv, depth, &turns_filter, None)?;
-        let scores = score_timeline(&timeline, &vector, &keyword, query, &options.weights);
+        let scores = score_timeline(
+            &timeline,
+            &vector,
+            &keyword,
+            &routed,
+            query,
+            &options.weights,
+        );
         let mut order: Vec<usize> = (0..timeline.len())
             .filter(|&i| oldest_recent.is_none_or(|t| timeline[i].at < t))
             .collect();

@@ -46,6 +46,9 @@ pub struct RecallWeights {
     pub speaker: f32,
     /// Bonus for turns in the time range the query names. Default 0.6.
     pub time: f32,
+    /// Bonus for turns under the thread's level-1 summaries that best match the query (the
+    /// summary route: the top [`ROUTE_SUMMARIES`] of a hybrid search over them). Default 0.
+    pub route: f32,
     /// Largest gap between two turns of one stretch of conversation. Default 12 hours.
     pub stretch_gap_secs: i64,
     /// Whether the query's vector is computed with the names of the thread's speakers
@@ -63,11 +66,15 @@ impl Default for RecallWeights {
             length: 0.0,
             speaker: 0.3,
             time: 0.6,
+            route: 0.0,
             stretch_gap_secs: 12 * 3600,
             names_out_of_vector: true,
         }
     }
 }
+
+/// Level-1 summaries whose turns get the route bonus.
+pub const ROUTE_SUMMARIES: usize = 3;
 
 /// Standardises `values` (mean 0, standard deviation 1); all zeros when they do not vary.
 fn standardise(values: &mut [f32]) {
@@ -102,6 +109,7 @@ pub(crate) fn score_timeline(
     timeline: &[TimelineEntry],
     vector: &[(u64, f32)],
     keyword: &[(u64, f32)],
+    routed: &HashSet<u64>,
     query: &str,
     w: &RecallWeights,
 ) -> Vec<f32> {
@@ -169,6 +177,13 @@ pub(crate) fn score_timeline(
         for (s, e) in out.iter_mut().zip(timeline) {
             if e.speaker.as_deref() == Some(who) {
                 *s += w.speaker;
+            }
+        }
+    }
+    if w.route != 0.0 {
+        for (s, e) in out.iter_mut().zip(timeline) {
+            if routed.contains(&e.vid) {
+                *s += w.route;
             }
         }
     }
@@ -469,7 +484,14 @@ mod tests {
         late.at += Duration::days(1);
         t.push(late);
         let vector = vec![(1, 0.9), (0, 0.1), (2, 0.1), (3, 0.1), (4, 0.1)];
-        let s = score_timeline(&t, &vector, &[], "something", &RecallWeights::default());
+        let s = score_timeline(
+            &t,
+            &vector,
+            &[],
+            &HashSet::new(),
+            "something",
+            &RecallWeights::default(),
+        );
         // Turn 1 matches; turns 0 and 2 inherit from it, turn 3 a quarter of it, turn 4 none.
         assert!(s[1] > s[0] && s[1] > s[2], "{s:?}");
         assert!(s[0] > s[3] && s[2] > s[3] && s[3] > s[4], "{s:?}");
@@ -477,7 +499,7 @@ mod tests {
             neighbor: 0.0,
             ..RecallWeights::default()
         };
-        let s = score_timeline(&t, &vector, &[], "something", &plain);
+        let s = score_timeline(&t, &vector, &[], &HashSet::new(), "something", &plain);
         assert_eq!(s[0], s[4]);
     }
 
@@ -494,16 +516,48 @@ mod tests {
             neighbor: 0.0,
             ..RecallWeights::default()
         };
-        let s = score_timeline(&t, &flat, &[], "what does ann lee like?", &w);
+        let s = score_timeline(
+            &t,
+            &flat,
+            &[],
+            &HashSet::new(),
+            "what does ann lee like?",
+            &w,
+        );
         assert!(s[0] > s[1] && s[2] > s[3], "{s:?}");
         // Both named: no bonus.
-        let s = score_timeline(&t, &flat, &[], "do Ann Lee and Bob agree?", &w);
+        let s = score_timeline(
+            &t,
+            &flat,
+            &[],
+            &HashSet::new(),
+            "do Ann Lee and Bob agree?",
+            &w,
+        );
         assert!(s.iter().all(|x| *x == s[0]), "{s:?}");
         // A year the turns are not in: no bonus; their own: all of them.
-        let s = score_timeline(&t, &flat, &[], "in 1999", &w);
+        let s = score_timeline(&t, &flat, &[], &HashSet::new(), "in 1999", &w);
         assert!(s.iter().all(|x| *x == 0.0), "{s:?}");
-        let s = score_timeline(&t, &flat, &[], "in November 2023", &w);
+        let s = score_timeline(&t, &flat, &[], &HashSet::new(), "in November 2023", &w);
         assert!(s.iter().all(|x| *x == w.time), "{s:?}");
+    }
+
+    #[test]
+    fn routed_turns_get_the_route_bonus() {
+        let t: Vec<TimelineEntry> = (0..4)
+            .map(|i| entry(i * 100_000, u64::try_from(i).unwrap(), "A"))
+            .collect();
+        let flat = [(0, 0.5), (1, 0.5), (2, 0.5), (3, 0.5)];
+        let routed: HashSet<u64> = [1, 3].into_iter().collect();
+        let off = score_timeline(&t, &flat, &[], &routed, "x", &RecallWeights::default());
+        assert!(off.iter().all(|x| *x == off[0]), "off by default: {off:?}");
+        let w = RecallWeights {
+            route: 0.5,
+            neighbor: 0.0,
+            ..RecallWeights::default()
+        };
+        let on = score_timeline(&t, &flat, &[], &routed, "x", &w);
+        assert_eq!(on, vec![0.0, 0.5, 0.0, 0.5]);
     }
 
     #[test]
@@ -516,7 +570,14 @@ mod tests {
             ..RecallWeights::default()
         };
         // No vector scores: keyword decides; unknown ids are ignored.
-        let s = score_timeline(&t, &[], &[(2, 9.0), (0, 3.0), (99, 50.0)], "x", &w);
+        let s = score_timeline(
+            &t,
+            &[],
+            &[(2, 9.0), (0, 3.0), (99, 50.0)],
+            &HashSet::new(),
+            "x",
+            &w,
+        );
         assert!(s[2] > s[1] && s[1] == s[3] && s[3] > s[0], "{s:?}");
     }
 
@@ -531,10 +592,17 @@ mod tests {
             length: 0.2,
             ..RecallWeights::default()
         };
-        let s = score_timeline(&t, &flat, &[], "x", &on);
+        let s = score_timeline(&t, &flat, &[], &HashSet::new(), "x", &on);
         assert!(s[1] > s[0] && s[0] == s[2], "{s:?}");
         // Off by default.
-        let s = score_timeline(&t, &flat, &[], "x", &RecallWeights::default());
+        let s = score_timeline(
+            &t,
+            &flat,
+            &[],
+            &HashSet::new(),
+            "x",
+            &RecallWeights::default(),
+        );
         assert!(s[1] == s[0], "{s:?}");
     }
 }

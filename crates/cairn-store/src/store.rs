@@ -1028,6 +1028,35 @@ impl Store {
         })
     }
 
+    /// The index ids of the raw (level 0) memories under the summaries whose index ids are
+    /// `summaries`, through every level, once each (unknown ids are ignored).
+    pub fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>> {
+        if summaries.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let marks = vec!["?"; summaries.len()].join(", ");
+        let args: Vec<Value> = summaries
+            .iter()
+            .map(|v| Value::Integer(i64::try_from(*v).unwrap_or(i64::MAX)))
+            .collect();
+        self.read(|c| {
+            let mut stmt = c.prepare(&format!(
+                "WITH RECURSIVE down(r) AS (
+                    SELECT l.source FROM summary_sources l JOIN memories s ON s.rid = l.summary
+                     WHERE s.vid IN ({marks})
+                    UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+                 SELECT m.vid FROM memories m WHERE m.level = 0 AND m.rid IN (SELECT r FROM down)"
+            ))?;
+            let vids = stmt
+                .query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                    r.get::<_, i64>(0)
+                })?
+                .map(|v| v.map(|v| u64::try_from(v).unwrap_or(u64::MAX)))
+                .collect::<rusqlite::Result<HashSet<u64>>>()?;
+            Ok(vids)
+        })
+    }
+
     /// The `k` nearest memories to `query` among those admitted by `filter`, best first.
     /// `ef` overrides the configured `ef_search`.
     pub fn search_vector(

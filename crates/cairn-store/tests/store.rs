@@ -480,6 +480,36 @@ fn summaries_links_levels_and_validation() {
         .collect();
     assert_eq!(leaves, ids, "de-duplicated, in time order");
     assert_eq!(store.leaf_ids(top.id).unwrap(), ids);
+    // The same leaves by index ids (the summary route of context assembly).
+    let vid_of = |level: u32| -> Vec<(u64, MemoryId)> {
+        let entries = store
+            .timeline_entries(&Filter::all().levels(level, level))
+            .unwrap();
+        store
+            .hits(entries.iter().map(|e| (e.vid, 0.0)).collect())
+            .unwrap()
+            .into_iter()
+            .zip(&entries)
+            .map(|(h, e)| (e.vid, h.memory.id))
+            .collect()
+    };
+    let raw_vids: std::collections::HashSet<u64> = vid_of(0)
+        .into_iter()
+        .filter(|(_, id)| ids.contains(id))
+        .map(|(v, _)| v)
+        .collect();
+    let top_vid = vid_of(2)
+        .into_iter()
+        .find(|(_, id)| *id == top.id)
+        .unwrap()
+        .0;
+    assert_eq!(store.leaf_vids(&[top_vid]).unwrap(), raw_vids);
+    assert_eq!(
+        store.leaf_vids(&[top_vid, 999_999]).unwrap(),
+        raw_vids,
+        "unknown ids are ignored"
+    );
+    assert!(store.leaf_vids(&[]).unwrap().is_empty());
     let parents: Vec<_> = store
         .summaries_of(ids[5])
         .unwrap()
