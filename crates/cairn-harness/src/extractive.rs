@@ -324,9 +324,9 @@ fn units(request: &SummaryRequest) -> (Vec<Unit>, usize, Vec<String>) {
 /// The last line of a summary: the words that stand for what its sources talked about.
 pub const TOPICS: &str = "Topics: ";
 
-/// Topics: the sources' heaviest words (summed weight over the units that hold them, plus
-/// the topics of summarized summaries) that the picked lines do not already say, in the form
-/// first written; numbers, short and phatic words left out.
+/// Topics: the sources' heaviest words (summed weight over the units that hold them; over
+/// summaries, their topics and the named things of their lines) that the picked lines do
+/// not already say, in the form first written; numbers, short and phatic words left out.
 fn topics(
     units: &[Unit],
     weights: &[Vec<(String, f32)>],
@@ -355,8 +355,13 @@ fn topics(
     // word -> (score, first position, surface form)
     let mut score: HashMap<String, (f32, usize, String)> = HashMap::new();
     let mut at = 0usize;
+    // Over summaries, their topics stand for them: of the lines, only named things count.
+    let rollup = !pool.is_empty();
     for (u, ws) in units.iter().zip(weights) {
-        for (w, weight) in ws.iter().filter(|(w, _)| eligible(w)) {
+        for (w, weight) in ws
+            .iter()
+            .filter(|(w, _)| eligible(w) && (!rollup || u.named.contains(w)))
+        {
             at += 1;
             let surface = u
                 .text
@@ -384,7 +389,21 @@ fn topics(
     }
     let mut ranked: Vec<(f32, usize, String)> = score.into_values().collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    ranked.into_iter().take(n).map(|(_, _, s)| s).collect()
+    distinct(ranked.into_iter().map(|(_, _, s)| s), n)
+}
+
+/// The first `n` of `words` that differ from every earlier one in more than case and a
+/// plural `s` ("School", "schools" and "school" are one).
+fn distinct(words: impl Iterator<Item = String>, n: usize) -> Vec<String> {
+    let key = |w: &str| {
+        let l = w.to_ascii_lowercase();
+        match l.strip_suffix('s') {
+            Some(stem) if stem.len() > 2 => stem.to_owned(),
+            _ => l,
+        }
+    };
+    let mut seen = HashSet::new();
+    words.filter(|w| seen.insert(key(w))).take(n).collect()
 }
 
 /// Word weights: rarity in the thread (or among the units), more for named things and
@@ -610,12 +629,13 @@ pub fn summary_keywords(text: &str, stats: &TermStats, n: usize) -> Vec<String> 
     }
     let mut ranked: Vec<(String, (f32, usize, String))> = score.into_iter().collect();
     ranked.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
-    ranked
-        .into_iter()
-        .filter(|(w, _)| w.len() > 1)
-        .take(n)
-        .map(|(_, (_, _, s))| s)
-        .collect()
+    distinct(
+        ranked
+            .into_iter()
+            .filter(|(w, _)| w.len() > 1)
+            .map(|(_, (_, _, s))| s),
+        n,
+    )
 }
 
 #[async_trait]
@@ -668,7 +688,9 @@ impl Summarizer for ExtractiveSummarizer {
             _ => 0,
         };
         let word_budget = word_budget.saturating_sub(n_topics + usize::from(n_topics > 0));
-        let header_tokens = header.as_deref().map_or(0, |h| self.counter.count(h) + 1);
+        // The header's tokens, and about three per topic, come out of the sentences' share.
+        let header_tokens = header.as_deref().map_or(0, |h| self.counter.count(h) + 1)
+            + if n_topics > 0 { 3 * n_topics + 3 } else { 0 };
         let budget = request
             .max_tokens
             .max(1)
