@@ -361,6 +361,43 @@ async fn summaries_carry_keywords() {
         "speakers are not keywords: {kw:?}"
     );
 
+    // A shared photo's caption in metadata (`blip_caption`) counts as what was said.
+    let t2 = ThreadId::new("photo").unwrap();
+    let mut turns: Vec<NewMemory> = chat(day)
+        .into_iter()
+        .map(|i| {
+            let who = i.speaker.clone().unwrap();
+            let text = i.content.split_once(": ").unwrap().1.to_owned();
+            turn(&t2, &who, &text, i.created_at, None)
+        })
+        .collect();
+    let mut photo = turn(
+        &t2,
+        "Audrey",
+        "Look at this!",
+        day + chrono::Duration::minutes(10),
+        None,
+    );
+    photo.metadata.insert(
+        "blip_caption".into(),
+        "a golden retriever wearing a bandana on a surfboard".into(),
+    );
+    turns.push(photo);
+    mem.add_many(turns).await.unwrap();
+    let r = mem
+        .consolidate(policy().thread(t2.clone()).max_age(Duration::ZERO))
+        .await
+        .unwrap();
+    let s = mem.get(r.summaries[0]).await.unwrap();
+    let leaves = mem.expand_to_leaves(s.id).await.unwrap();
+    assert_eq!(leaves.len(), 14, "every turn, the photo's too");
+    let items = s.content.to_lowercase();
+    assert!(
+        items.contains("surfboard") || items.contains("retriever"),
+        "the caption is content: {}",
+        s.content
+    );
+
     // Rare words outrank common ones.
     let mut stats = TermStats::new();
     for _ in 0..10 {
