@@ -200,15 +200,7 @@ pub async fn locomo(
     let tmp = tempfile::tempdir()?;
     let path = store.map_or_else(|| tmp.path().join("eval.db"), Path::to_path_buf);
     let mem = MemoryHarness::open(&path).await?;
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        anyhow::bail!("{} holds no LoCoMo .json files", dir.display());
-    }
+    let files = crate::eval_summaries::locomo_files(dir)?;
     let mut questions: Vec<(ThreadId, LocomoQuestion)> = Vec::new();
     for f in &files {
         let stem = f.file_stem().and_then(|s| s.to_str()).unwrap_or("conv");

@@ -440,8 +440,8 @@ fn sessions(parsed: &[LocomoConversation]) -> Result<BTreeMap<u32, Vec<Turn>>> {
     Ok(out)
 }
 
-/// The LoCoMo files of `dir`, sorted.
-fn locomo_files(dir: &Path) -> Result<Vec<PathBuf>> {
+/// The LoCoMo files of `dir`, sorted; an error when there are none.
+pub(crate) fn locomo_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))

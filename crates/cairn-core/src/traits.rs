@@ -119,18 +119,6 @@ pub struct SummaryRequest {
 }
 
 impl SummaryRequest {
-    /// A request for a summary of `items` in at most `max_tokens`, at level 0, with no
-    /// previous summary and no thread statistics.
-    pub fn new(items: Vec<SummaryItem>, max_tokens: usize) -> Self {
-        Self {
-            previous: None,
-            items,
-            max_tokens,
-            level: 0,
-            term_stats: None,
-        }
-    }
-
     /// The time span the items cover: the earliest start and the latest time.
     pub fn time_range(&self) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
         let start = self
@@ -206,6 +194,41 @@ impl TokenCounter for CharEstimateCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn term_stats_count_documents_once_per_word() {
+        let mut s = TermStats::new();
+        s.add_doc(["dog", "dog", "park"]);
+        s.add_doc(["dog"]);
+        s.add_doc(["cat"]);
+        assert_eq!(s.docs(), 3);
+        assert_eq!(s.doc_freq("dog"), 2);
+        assert_eq!(s.doc_freq("park"), 1);
+        assert_eq!(s.doc_freq("fish"), 0);
+        // Rarer words weigh more; none is negative.
+        assert!(s.idf("fish") > s.idf("park") && s.idf("park") > s.idf("dog"));
+        assert!(s.idf("dog") >= 0.0);
+        assert_eq!(TermStats::new().docs(), 0);
+    }
+
+    #[test]
+    fn time_range_spans_summary_items() {
+        let at = |d: i64| chrono::DateTime::from_timestamp(1_700_000_000 + d * 86_400, 0).unwrap();
+        let item = |start: Option<i64>, end: i64| SummaryItem {
+            kind: MemoryKind::Summary,
+            role: None,
+            speaker: None,
+            created_at: at(end),
+            time_start: start.map(at),
+            content: "x".into(),
+        };
+        let r = SummaryRequest {
+            items: vec![item(Some(2), 3), item(None, 1), item(Some(5), 9)],
+            ..Default::default()
+        };
+        assert_eq!(r.time_range(), Some((at(1), at(9))));
+        assert_eq!(SummaryRequest::default().time_range(), None);
+    }
 
     #[test]
     fn char_estimate() {
