@@ -366,7 +366,10 @@ fn assemble_with(
         recent.push(it);
     }
     recent.reverse();
+    // Recall looks at turns up to the oldest recent one's time (turns may share a time:
+    // imports without times, batches) and leaves out the recent turns by id.
     let oldest_recent = recent.first().map(|i| i.created_at);
+    let recent_ids: HashSet<MemoryId> = recent.iter().map(|i| i.id).collect();
 
     // 2. Top summaries of the thread (not cited by another summary), covering older turns.
     let mut summaries: Vec<ContextItem> = Vec::new();
@@ -441,7 +444,7 @@ fn assemble_with(
             &options.weights,
         );
         let mut order: Vec<usize> = (0..timeline.len())
-            .filter(|&i| oldest_recent.is_none_or(|t| timeline[i].at < t))
+            .filter(|&i| oldest_recent.is_none_or(|t| timeline[i].at <= t))
             .collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
         order.truncate(MAX_TRIED);
@@ -458,8 +461,11 @@ fn assemble_with(
                     break 'chunks;
                 }
                 let m = hit.memory;
+                if recent_ids.contains(&m.id) {
+                    continue;
+                }
                 let cost = block.cost(&m.content, m.created_at);
-                // (Turns only, older than the recent ones: none is in the context yet.)
+                // (Turns only, none of them recent: none is in the context yet.)
                 if used + cost > budget {
                     continue;
                 }

@@ -835,3 +835,44 @@ async fn context_vector_leaves_speaker_names_out() {
         assert!(!recalls(false, question, answer).await, "{question}");
     }
 }
+
+/// Turns that share a time (an import without times, a batch) are recalled: the recent turns
+/// are left out of recall by id, not by time (real model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_recalls_turns_that_share_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, minilm()).await;
+    let thread = ThreadId::new("same-time").unwrap();
+    let at = utc("2024-02-01T09:00:00Z");
+    let filler = [
+        "The weather has been grey all week.",
+        "Work is busy, we ship on Friday.",
+        "I watched a documentary about deep sea fish.",
+        "The train was late again this morning.",
+        "We repainted the kitchen a pale green.",
+        "I finally finished that long fantasy novel.",
+    ];
+    let turns: Vec<NewMemory> = (0..60)
+        .map(|i| {
+            let text = if i == 20 {
+                "My cat is named Miso.".to_owned()
+            } else {
+                format!("{} ({i})", filler[i % filler.len()])
+            };
+            NewMemory::conversational(thread.clone(), Role::User, text).at(at)
+        })
+        .collect();
+    mem.add_many(turns).await.unwrap();
+    let ctx = mem
+        .assemble_context("same-time", "what is the name of my cat?", 300)
+        .await
+        .unwrap();
+    assert!(
+        ctx.items.iter().any(|i| i.content.contains("Miso")),
+        "{:?}",
+        ctx.items.iter().map(|i| &i.content).collect::<Vec<_>>()
+    );
+    // No turn twice: the recent ones are not recalled again.
+    let ids: HashSet<MemoryId> = ctx.items.iter().map(|i| i.id).collect();
+    assert_eq!(ids.len(), ctx.items.len());
+}
