@@ -374,8 +374,14 @@ impl MemoryHarness {
         let started = Instant::now();
         let mut report = ConsolidationReport::default();
         let now = self.inner.clock.now();
-        let cutoff = now - chrono::Duration::from_std(policy.older_than).unwrap_or_default();
-        let tail_cutoff = now - chrono::Duration::from_std(policy.max_age).unwrap_or_default();
+        let before = |age: Duration, name: &str| {
+            chrono::Duration::from_std(age)
+                .ok()
+                .and_then(|d| now.checked_sub_signed(d))
+                .ok_or_else(|| HarnessError::Config(format!("{name} reaches before the calendar")))
+        };
+        let cutoff = before(policy.older_than, "older_than")?;
+        let tail_cutoff = before(policy.max_age, "max_age")?;
         let threads: Vec<Option<ThreadId>> = if policy.threads.is_empty() {
             let inner = self.inner.clone();
             let mut t: Vec<Option<ThreadId>> = blocking(move || inner.store.threads())

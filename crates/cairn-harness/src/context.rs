@@ -222,6 +222,44 @@ pub struct ContextOptions {
     pub weights: RecallWeights,
 }
 
+impl ContextOptions {
+    /// Checks the options: shares in `[0, 1]`, finite weights, a stretch gap of at least 0
+    /// that a time can hold.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(HarnessError::Config(m));
+        for (name, v) in [
+            ("recent_share", self.recent_share),
+            ("summary_share", self.summary_share),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(format!("{name} must be in [0, 1], not {v}"));
+            }
+        }
+        let w = &self.weights;
+        for (name, v) in [
+            ("vector", w.vector),
+            ("neighbor", w.neighbor),
+            ("length", w.length),
+            ("speaker", w.speaker),
+            ("time", w.time),
+            ("route", w.route),
+        ] {
+            if !v.is_finite() {
+                return bad(format!("weights.{name} must be a finite number, not {v}"));
+            }
+        }
+        // chrono's durations span about ±292 billion years in milliseconds; a stretch gap
+        // needs no more than a century.
+        if !(0..=100 * 366 * 86_400).contains(&w.stretch_gap_secs) {
+            return bad(format!(
+                "weights.stretch_gap_secs must be between 0 and 100 years, not {}",
+                w.stretch_gap_secs
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ContextOptions {
     fn default() -> Self {
         Self {
@@ -549,6 +587,7 @@ impl MemoryHarness {
         budget: usize,
         options: ContextOptions,
     ) -> Result<AssembledContext> {
+        options.validate()?;
         let thread = ThreadId::new(thread_id)?;
         let inner = self.inner.clone();
         let query = query.to_owned();

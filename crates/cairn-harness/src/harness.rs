@@ -712,7 +712,7 @@ pub(crate) fn hybrid_hits(
     filter: &Filter,
     k: usize,
 ) -> Result<Vec<SearchHit>> {
-    let depth = (k * 3).max(30);
+    let depth = k.saturating_mul(3).max(30);
     let v = inner.store.search_vector_ids(vector, depth, filter, None)?;
     let w = inner.store.search_keyword_ids(query, depth, filter)?;
     Ok(inner.store.hits(fuse_ids(&[v, w], k))?)

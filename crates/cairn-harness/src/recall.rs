@@ -144,7 +144,8 @@ pub(crate) fn score_timeline(
         .map(|(v, k)| w.vector * v + (1.0 - w.vector) * k)
         .collect();
     // Neighbours within one stretch of conversation.
-    let gap = Duration::seconds(w.stretch_gap_secs);
+    // (Options are validated before; a gap no time can hold links everything.)
+    let gap = Duration::try_seconds(w.stretch_gap_secs).unwrap_or(Duration::MAX);
     let linked = |a: usize, b: usize| (timeline[b].at - timeline[a].at) <= gap;
     let prev = |i: usize| (i > 0 && linked(i - 1, i)).then(|| i - 1);
     let next = |i: usize| (i + 1 < n && linked(i, i + 1)).then_some(i + 1);

@@ -876,3 +876,63 @@ async fn context_recalls_turns_that_share_a_time() {
     let ids: HashSet<MemoryId> = ctx.items.iter().map(|i| i.id).collect();
     assert_eq!(ids.len(), ctx.items.len());
 }
+
+/// Options out of range are typed errors, never panics: a stretch gap no time can hold, a
+/// share over 1, a NaN weight, a cutoff before the calendar, a huge k.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_options_are_errors() {
+    use cairn_harness::{ConsolidationPolicy, ContextOptions, RecallWeights};
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    mem.add_conversational("t", Role::User, "Hello there, how is the garden?")
+        .await
+        .unwrap();
+    let weights = |w: RecallWeights| ContextOptions {
+        weights: w,
+        ..ContextOptions::default()
+    };
+    let bad = [
+        weights(RecallWeights {
+            stretch_gap_secs: 10_000_000_000_000_000,
+            ..RecallWeights::default()
+        }),
+        weights(RecallWeights {
+            stretch_gap_secs: -1,
+            ..RecallWeights::default()
+        }),
+        weights(RecallWeights {
+            vector: f32::NAN,
+            ..RecallWeights::default()
+        }),
+        ContextOptions {
+            summary_share: 1.5,
+            ..ContextOptions::default()
+        },
+        ContextOptions {
+            recent_share: f64::NAN,
+            ..ContextOptions::default()
+        },
+    ];
+    for o in bad {
+        let r = mem
+            .assemble_context_with("t", "garden", 500, o.clone())
+            .await;
+        assert!(matches!(r, Err(HarnessError::Config(_))), "{o:?}: {r:?}");
+    }
+    for age in [
+        std::time::Duration::MAX,
+        std::time::Duration::from_secs(u64::MAX / 4),
+    ] {
+        let r = mem.consolidate(ConsolidationPolicy::older_than(age)).await;
+        assert!(matches!(r, Err(HarnessError::Config(_))), "{r:?}");
+        let r = mem
+            .consolidate(ConsolidationPolicy::older_than(std::time::Duration::ZERO).max_age(age))
+            .await;
+        assert!(matches!(r, Err(HarnessError::Config(_))), "{r:?}");
+    }
+    let hits = mem
+        .search("garden", SearchOptions::all().k(usize::MAX))
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+}
