@@ -914,9 +914,7 @@ async fn out_of_range_options_are_errors() {
         },
     ];
     for o in bad {
-        let r = mem
-            .assemble_context_with("t", "garden", 500, o.clone())
-            .await;
+        let r = mem.assemble_context_with("t", "garden", 500, o).await;
         assert!(matches!(r, Err(HarnessError::Config(_))), "{o:?}: {r:?}");
     }
     for age in [
