@@ -24,9 +24,30 @@ pub trait Embedder: Send + Sync {
 
     /// Embeds one text.
     fn embed_one(&self, text: &str) -> Result<Vec<f32>, EmbedError> {
-        self.embed(&[text])?
+        self.embed_checked(&[text])?
             .pop()
             .ok_or_else(|| EmbedError::Inference("the embedder returned no vector".into()))
+    }
+
+    /// [`Self::embed`], checked: one vector per text, each of [`Self::dim`] dimensions, or
+    /// an [`EmbedError::Inference`] saying what came back (never a short or ragged batch).
+    fn embed_checked(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let vectors = self.embed(texts)?;
+        if vectors.len() != texts.len() {
+            return Err(EmbedError::Inference(format!(
+                "the embedder returned {} vectors for {} texts",
+                vectors.len(),
+                texts.len()
+            )));
+        }
+        if let Some(v) = vectors.iter().find(|v| v.len() != self.dim()) {
+            return Err(EmbedError::Inference(format!(
+                "the embedder returned a vector of {} dimensions, expected {}",
+                v.len(),
+                self.dim()
+            )));
+        }
+        Ok(vectors)
     }
 }
 

@@ -148,7 +148,7 @@ impl Embedder for CachedEmbedder {
         self.misses
             .fetch_add(unique.len() as u64, Ordering::Relaxed);
         if !unique.is_empty() {
-            let fresh = self.inner.embed(&unique)?;
+            let fresh = self.inner.embed_checked(&unique)?;
             {
                 let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
                 let tx = conn

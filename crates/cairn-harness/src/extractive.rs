@@ -653,18 +653,11 @@ impl Summarizer for ExtractiveSummarizer {
         let embedder = self.embedder.clone();
         let vectors = tokio::task::spawn_blocking(move || {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            embedder.embed(&refs)
+            embedder.embed_checked(&refs)
         })
         .await
         .map_err(|e| SummarizeError::Other(e.to_string()))?
         .map_err(|e| SummarizeError::Other(format!("embedding sentences: {e}")))?;
-        if vectors.len() != units.len() {
-            return Err(SummarizeError::Other(format!(
-                "the embedder returned {} vectors for {} sentences",
-                vectors.len(),
-                units.len()
-            )));
-        }
         let rollup = request.items.iter().any(|i| i.kind == MemoryKind::Summary);
         let header = if rollup {
             request

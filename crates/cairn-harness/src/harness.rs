@@ -388,7 +388,7 @@ impl MemoryHarness {
         let e = self.inner.embedder.clone();
         Ok(blocking(move || {
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            e.embed(&refs)
+            e.embed_checked(&refs)
         })
         .await??)
     }
@@ -409,7 +409,7 @@ impl MemoryHarness {
         let inner = self.inner.clone();
         let units = blocking(move || -> Result<Vec<MemoryUnit>> {
             let texts: Vec<&str> = memories.iter().map(|m| m.content.as_str()).collect();
-            let vectors = inner.embedder.embed(&texts)?;
+            let vectors = inner.embedder.embed_checked(&texts)?;
             let items = memories.into_iter().zip(vectors).collect();
             Ok(inner.store.insert_batch(items)?)
         })

@@ -934,3 +934,79 @@ async fn out_of_range_options_are_errors() {
         .unwrap();
     assert_eq!(hits.len(), 1);
 }
+
+/// An embedder that returns one vector too few for batches of two or more, and vectors of
+/// the wrong dimension for texts that say so.
+struct Liar(HashEmbedder);
+
+impl Embedder for Liar {
+    fn model_id(&self) -> &str {
+        self.0.model_id()
+    }
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+        let mut v = self.0.embed(texts)?;
+        if texts.len() > 1 {
+            v.pop();
+        }
+        for (t, x) in texts.iter().zip(v.iter_mut()) {
+            if t.contains("WRONGDIM") {
+                x.push(0.0);
+            }
+        }
+        Ok(v)
+    }
+}
+
+/// An embedder that returns too few vectors or the wrong dimension gets a typed error from
+/// `add`, `add_many`, the embedding cache and the extractive summarizer; nothing is written
+/// and nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_embedder_gets_typed_errors() {
+    use cairn_core::{Summarizer, SummaryItem, SummaryRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let liar: Arc<dyn Embedder> = Arc::new(Liar(HashEmbedder::new(64)));
+    let mem = open(&dir, liar.clone()).await;
+    let t = ThreadId::new("t").unwrap();
+    let batch: Vec<NewMemory> = ["one fish", "two fish", "red fish"]
+        .iter()
+        .map(|s| NewMemory::conversational(t.clone(), Role::User, *s))
+        .collect();
+    let r = mem.add_many(batch).await;
+    assert!(matches!(r, Err(HarnessError::Embed(_))), "{r:?}");
+    let r = mem
+        .add_conversational("t", Role::User, "a WRONGDIM text")
+        .await;
+    assert!(matches!(r, Err(HarnessError::Embed(_))), "{r:?}");
+    assert_eq!(mem.stats().await.unwrap().store.total, 0, "nothing written");
+    // The cache in front of it (one text at a time passes; a batch of new texts does not).
+    let cache = cairn_embed::CachedEmbedder::open(liar.clone(), dir.path().join("c.db")).unwrap();
+    assert!(cache.embed(&["alpha", "beta"]).is_err());
+    assert!(cache.embed(&["WRONGDIM gamma"]).is_err());
+    assert_eq!(cache.embed(&["alpha"]).unwrap().len(), 1);
+    // The extractive summarizer.
+    let s = cairn_harness::ExtractiveSummarizer::new(liar);
+    let at = utc("2024-01-01T00:00:00Z");
+    let item = |text: &str| SummaryItem {
+        kind: MemoryKind::Conversational,
+        role: Some(Role::User),
+        speaker: None,
+        created_at: at,
+        time_start: None,
+        content: text.into(),
+    };
+    let req = SummaryRequest {
+        items: vec![
+            item("The garden needs water."),
+            item("We planted tomatoes in May."),
+        ],
+        max_tokens: 100,
+        ..Default::default()
+    };
+    assert!(matches!(
+        s.summarize(&req).await,
+        Err(cairn_core::SummarizeError::Other(_))
+    ));
+}
