@@ -3,12 +3,17 @@
 //! One pass, level by level from the raw memories up:
 //! 1. Take the memories of the level that are older than the cutoff and that no summary of
 //!    the next level cites yet, per thread (chunks never mix threads), oldest first.
-//! 2. Cut them into chunks of `chunk_size` (raw memories) or `fanout` (summaries). A chunk
-//!    never ends between a tool call and its results: it grows to take the results, or ends
-//!    before the call when the results are not there yet. A short tail waits for more
-//!    memories unless its newest member is older than `max_age`; summaries roll up only in
-//!    full groups of `fanout`, and not while chunks of their own level failed in the pass.
-//! 3. Summarize each chunk (with a timeout); write the summary and its links in one
+//! 2. Cut raw memories into sessions (a gap over `session_gap`, or a change of
+//!    `metadata.session`), then each session into chunks of `chunk_size`; summaries into
+//!    groups of `fanout`. No chunk mixes two sessions. A chunk never ends between a tool call
+//!    and its results: it grows to take the results, or ends before the call when the
+//!    results are not there yet. A session's short tail joins the chunk before it when it is
+//!    under `min_chunk`; the last session's tail waits for more memories unless it is long
+//!    enough or its newest member is older than `max_age`; summaries roll up only in full
+//!    groups of `fanout`, and not while chunks of their own level failed in the pass.
+//! 3. Summarize each chunk (with a timeout), telling the summarizer the level and the
+//!    thread's word rarity; write the summary (its keywords in `metadata.keywords`, its
+//!    vector the mean of its text's and its sources') and its links in one
 //!    transaction. A failed or timed-out chunk is left untouched and reported; the next pass
 //!    retries it.
 //!
