@@ -521,7 +521,7 @@ impl Store {
             let summary_thread = summary.thread_id.as_ref().map(ThreadId::as_str);
             for sid in &summary.source_ids {
                 let facts = source_facts(&tx, *sid)?;
-                check_thread(summary_thread, *sid, &facts)?;
+                check_thread(&tx, summary_thread, *sid, &facts)?;
                 sources.push(facts);
             }
             let level = 1 + sources.iter().map(|s| s.level).max().unwrap_or(0);
@@ -596,7 +596,7 @@ impl Store {
                     return Err(StoreError::DuplicateSource { id: *sid });
                 }
                 let facts = source_facts(&tx, *sid)?;
-                check_thread(summary_thread.as_deref(), *sid, &facts)?;
+                check_thread(&tx, summary_thread.as_deref(), *sid, &facts)?;
                 if ancestors.contains(&facts.rid) {
                     return Err(StoreError::Cycle {
                         summary,
@@ -1497,13 +1497,44 @@ struct SourceFacts {
 
 /// A summary of a thread may cite that thread's memories and memories of no thread; a
 /// summary of no thread may cite anything.
-fn check_thread(summary_thread: Option<&str>, source: MemoryId, facts: &SourceFacts) -> Result<()> {
+/// A summary of a thread may cite memories of that thread or of none, and through a
+/// thread-less summary it may not reach another thread's memories either (checked through
+/// every level).
+fn check_thread(
+    conn: &Connection,
+    summary_thread: Option<&str>,
+    source: MemoryId,
+    facts: &SourceFacts,
+) -> Result<()> {
+    let mismatch = |id: MemoryId, st: &str, t: &str| StoreError::ThreadMismatch {
+        id,
+        source_thread: st.to_owned(),
+        summary_thread: t.to_owned(),
+    };
     match (summary_thread, facts.thread.as_deref()) {
-        (Some(t), Some(st)) if t != st => Err(StoreError::ThreadMismatch {
-            id: source,
-            source_thread: st.to_owned(),
-            summary_thread: t.to_owned(),
-        }),
+        (Some(t), Some(st)) if t != st => Err(mismatch(source, st, t)),
+        (Some(t), None) if facts.level > 0 => {
+            let below = conn
+                .prepare_cached(
+                    "WITH RECURSIVE down(r) AS (
+                        SELECT source FROM summary_sources WHERE summary = ?1
+                        UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+                     SELECT m.id, m.thread_id FROM memories m
+                      WHERE m.rid IN (SELECT r FROM down)
+                        AND m.thread_id IS NOT NULL AND m.thread_id != ?2 LIMIT 1",
+                )?
+                .query_row(params![facts.rid, t], |r| {
+                    Ok((
+                        MemoryId::from_bytes(r.get::<_, [u8; 16]>(0)?),
+                        r.get::<_, String>(1)?,
+                    ))
+                })
+                .optional()?;
+            match below {
+                Some((id, st)) => Err(mismatch(id, &st, t)),
+                None => Ok(()),
+            }
+        }
         _ => Ok(()),
     }
 }

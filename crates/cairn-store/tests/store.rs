@@ -1417,3 +1417,77 @@ fn index_check_finds_rows_changed_behind_its_back() {
         "{check:?}"
     );
 }
+
+/// A summary of thread T cannot reach thread U's memories through a thread-less summary, at
+/// any depth, by `add_summary` or `extend_summary`; nothing is written. Through thread-less
+/// summaries over T's (or no thread's) memories it can.
+#[test]
+fn thread_isolation_is_checked_through_every_level() {
+    let dir = tmp();
+    let store = open(&dir.path().join("iso.db"), 4);
+    let mut rng = StdRng::seed_from_u64(9);
+    let t = ThreadId::new("t").unwrap();
+    let own = store
+        .insert(turn("t", 0), random_unit(&mut rng, 4))
+        .unwrap();
+    let other = store
+        .insert(turn("u", 1), random_unit(&mut rng, 4))
+        .unwrap();
+    // Thread-less summaries: one over U's turn, two levels deep; one over T's turn.
+    let s0 = store
+        .add_summary(
+            NewSummary::new("u's turn", vec![other.id]),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    let s1 = store
+        .add_summary(
+            NewSummary::new("above it", vec![s0.id]),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    let fine = store
+        .add_summary(
+            NewSummary::new("t's turn", vec![own.id]),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    let before = store.stats().unwrap().total;
+    for via in [s0.id, s1.id] {
+        let err = store
+            .add_summary(
+                NewSummary::new("t reaches u", vec![own.id, via]).with_thread(Some(t.clone())),
+                random_unit(&mut rng, 4),
+            )
+            .unwrap_err();
+        match err {
+            StoreError::ThreadMismatch {
+                id,
+                source_thread,
+                summary_thread,
+            } => {
+                assert_eq!(
+                    (id, source_thread.as_str(), summary_thread.as_str()),
+                    (other.id, "u", "t")
+                );
+            }
+            e => panic!("{e}"),
+        }
+    }
+    assert_eq!(store.stats().unwrap().total, before, "nothing written");
+    let ts = store
+        .add_summary(
+            NewSummary::new("t over t", vec![own.id, fine.id]).with_thread(Some(t.clone())),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    assert!(matches!(
+        store.extend_summary(ts.id, vec![s1.id]),
+        Err(StoreError::ThreadMismatch { .. })
+    ));
+    assert_eq!(
+        store.sources(ts.id).unwrap().len(),
+        2,
+        "the failed extension wrote nothing"
+    );
+}
