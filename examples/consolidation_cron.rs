@@ -117,9 +117,9 @@ async fn import_sample(mem: &MemoryHarness) -> anyhow::Result<usize> {
 
 fn print_tree(t: &SummaryTree, depth: usize) {
     let m = &t.memory;
-    let first_line = m.content.lines().next().unwrap_or("");
-    let text: String = first_line.chars().take(90).collect();
-    let more = if m.content.lines().count() > 1 || first_line.chars().count() > 90 {
+    // The lines joined: a roll-up's first line is only its date range.
+    let text: String = m.content.replace('\n', " ").chars().take(100).collect();
+    let more = if m.content.chars().count() > 100 {
         " …"
     } else {
         ""

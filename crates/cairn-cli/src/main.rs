@@ -279,14 +279,8 @@ async fn open(db: &Path) -> Result<MemoryHarness> {
 
 fn draw(t: &SummaryTree, depth: usize, out: &mut String) {
     let m = &t.memory;
-    let text: String = m
-        .content
-        .lines()
-        .next()
-        .unwrap_or("")
-        .chars()
-        .take(80)
-        .collect();
+    // The lines joined: a roll-up's first line is only its date range.
+    let text: String = m.content.replace('\n', " ").chars().take(100).collect();
     out.push_str(&format!(
         "{}{} [L{}] {}\n",
         "  ".repeat(depth),
