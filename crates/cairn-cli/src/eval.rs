@@ -313,6 +313,14 @@ pub async fn locomo(
     })
 }
 
+/// The conversations of a per-method, per-conversation table (those of its first method).
+pub(crate) fn conversations<T>(per: &BTreeMap<String, BTreeMap<String, T>>) -> Vec<&String> {
+    per.values()
+        .next()
+        .map(|c| c.keys().collect())
+        .unwrap_or_default()
+}
+
 /// A Markdown table of the report.
 pub fn table(r: &Report) -> String {
     let mut s = format!(
@@ -350,12 +358,7 @@ pub fn table(r: &Report) -> String {
             ));
         }
     }
-    let convs: Vec<&String> = r
-        .per_conversation
-        .values()
-        .next()
-        .map(|c| c.keys().collect())
-        .unwrap_or_default();
+    let convs = conversations(&r.per_conversation);
     s.push_str("\nEvidence recall / full-hit per conversation:\n\n| strategy |");
     for c in &convs {
         s.push_str(&format!(" {c} |"));

@@ -672,12 +672,7 @@ pub fn table(r: &Report) -> String {
         "\nPer conversation:\n\n| conversation | method | {COLUMNS}\n|---|---|{}\n",
         "---:|".repeat(9)
     ));
-    let convs: Vec<&String> = r
-        .per_conversation
-        .values()
-        .next()
-        .map(|c| c.keys().collect())
-        .unwrap_or_default();
+    let convs = crate::eval::conversations(&r.per_conversation);
     for c in convs {
         for m in METHODS {
             if let Some(f) = r.per_conversation.get(m).and_then(|p| p.get(c)) {

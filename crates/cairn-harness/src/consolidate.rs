@@ -35,7 +35,7 @@ use cairn_core::{
 };
 use cairn_store::{Filter, NewSummary};
 
-use crate::extractive::summary_keywords;
+use crate::extractive::{strip_speaker, summary_keywords};
 use crate::harness::blocking;
 use crate::text::content_words;
 use crate::{HarnessError, MemoryHarness, Result};
@@ -343,9 +343,7 @@ pub(crate) fn term_stats(texts: &[(String, Option<String>)]) -> TermStats {
     for (content, speaker) in texts {
         let body = speaker
             .as_deref()
-            .and_then(|s| content.strip_prefix(s))
-            .and_then(|r| r.strip_prefix(':'))
-            .unwrap_or(content);
+            .map_or(content.as_str(), |s| strip_speaker(content, s));
         stats.add_doc(content_words(body));
     }
     stats

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
 use cairn_store::Filter;
 
-use crate::harness::{blocking, fuse_ids, Inner};
+use crate::harness::{blocking, hybrid_ids, Inner};
 use crate::recall::{score_timeline, vector_query, RecallWeights, ROUTE_SUMMARIES};
 use crate::{HarnessError, MemoryHarness, Result};
 
@@ -460,11 +460,7 @@ fn assemble_with(
                 .thread(thread.clone())
                 .kinds([MemoryKind::Summary])
                 .levels(1, 1);
-            let v = inner
-                .store
-                .search_vector_ids(qv.clone(), ROUTE_SUMMARIES, &f, None)?;
-            let k = inner.store.search_keyword_ids(query, ROUTE_SUMMARIES, &f)?;
-            let top: Vec<u64> = fuse_ids(&[v, k], ROUTE_SUMMARIES)
+            let top: Vec<u64> = hybrid_ids(inner, query, qv.clone(), &f, ROUTE_SUMMARIES)?
                 .into_iter()
                 .map(|(vid, _)| vid)
                 .collect();

@@ -198,7 +198,7 @@ fn who(item: &SummaryItem) -> String {
 }
 
 /// `content` without a leading `who: ` (imports write the speaker into the text too).
-fn strip_speaker<'a>(content: &'a str, who: &str) -> &'a str {
+pub(crate) fn strip_speaker<'a>(content: &'a str, who: &str) -> &'a str {
     let c = content.trim_start();
     c.strip_prefix(who)
         .and_then(|rest| rest.strip_prefix(':'))

@@ -712,10 +712,23 @@ pub(crate) fn hybrid_hits(
     filter: &Filter,
     k: usize,
 ) -> Result<Vec<SearchHit>> {
+    Ok(inner
+        .store
+        .hits(hybrid_ids(inner, query, vector, filter, k)?)?)
+}
+
+/// The index ids (and fused scores) of [`hybrid_hits`], without reading rows.
+pub(crate) fn hybrid_ids(
+    inner: &Inner,
+    query: &str,
+    vector: Vec<f32>,
+    filter: &Filter,
+    k: usize,
+) -> Result<Vec<(u64, f32)>> {
     let depth = k.saturating_mul(3).max(30);
     let v = inner.store.search_vector_ids(vector, depth, filter, None)?;
     let w = inner.store.search_keyword_ids(query, depth, filter)?;
-    Ok(inner.store.hits(fuse_ids(&[v, w], k))?)
+    Ok(fuse_ids(&[v, w], k))
 }
 
 /// Reciprocal rank fusion of rankings of index ids (see `Store::search_vector_ids`): the

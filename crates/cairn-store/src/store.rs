@@ -812,12 +812,7 @@ impl Store {
                  ORDER BY m.created_at, m.rid"
             ))?;
             let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                let speaker = match r.get_ref(2)? {
-                    rusqlite::types::ValueRef::Text(t) => {
-                        Some(String::from_utf8_lossy(t).into_owned())
-                    }
-                    _ => None,
-                };
+                let speaker = text_or_none(r, 2)?;
                 Ok((
                     r.get::<_, i64>(0)?,
                     r.get::<_, i64>(1)?,
@@ -890,12 +885,7 @@ impl Store {
                  WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid"
             ))?;
             let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                let speaker = match r.get_ref(1)? {
-                    rusqlite::types::ValueRef::Text(t) => {
-                        Some(String::from_utf8_lossy(t).into_owned())
-                    }
-                    _ => None,
-                };
+                let speaker = text_or_none(r, 1)?;
                 Ok((r.get::<_, String>(0)?, speaker))
             })?;
             rows.collect::<std::result::Result<Vec<_>, _>>()
@@ -1556,6 +1546,15 @@ fn source_facts(conn: &Connection, id: MemoryId) -> Result<SourceFacts> {
     })
     .optional()?
     .ok_or(StoreError::NotFound { id })
+}
+
+/// Column `i` of a row when it holds text (a JSON value read with `json_extract` may be a
+/// number or NULL), else `None`.
+fn text_or_none(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<String>> {
+    Ok(match row.get_ref(i)? {
+        rusqlite::types::ValueRef::Text(t) => Some(String::from_utf8_lossy(t).into_owned()),
+        _ => None,
+    })
 }
 
 fn summary_rid(conn: &Connection, id: MemoryId) -> Result<i64> {
