@@ -119,6 +119,11 @@ pub struct StoreOptions {
     /// `PRAGMA synchronous=FULL` (survives power loss) instead of NORMAL (survives process
     /// crashes). Default false.
     pub synchronous_full: bool,
+    /// Entries the index log keeps (the log through which a process catches its index up
+    /// with other processes' writes on the same file; pruned to this length once it holds
+    /// twice as many). A process that falls further behind re-reads every row's index
+    /// attributes once instead. Default 100,000.
+    pub index_log_keep: usize,
     /// The clock for default `created_at` values.
     pub clock: Arc<dyn Clock>,
 }
@@ -138,6 +143,7 @@ impl StoreOptions {
             exact_scan_max: 1_000,
             exact_scan_factor: 24.0,
             synchronous_full: false,
+            index_log_keep: 100_000,
             clock: Arc::new(SystemClock),
         }
     }
@@ -166,10 +172,16 @@ impl StoreOptions {
         if self.model_id.trim().is_empty() {
             return Err(StoreError::Config("model_id is empty".into()));
         }
-        if self.read_pool == 0 || self.queue_depth == 0 {
+        if self.read_pool == 0 || self.queue_depth == 0 || self.index_log_keep == 0 {
             return Err(StoreError::Config(
-                "read_pool and queue_depth must be at least 1".into(),
+                "read_pool, queue_depth and index_log_keep must be at least 1".into(),
             ));
+        }
+        if i64::try_from(self.index_log_keep).is_err() {
+            return Err(StoreError::Config(format!(
+                "index_log_keep = {} is too large",
+                self.index_log_keep
+            )));
         }
         if !(self.tombstone_ratio > 0.0 && self.tombstone_ratio <= 1.0) {
             return Err(StoreError::Config(format!(

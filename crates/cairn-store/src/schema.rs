@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -75,6 +75,16 @@ CREATE INDEX memories_thread_time ON memories (
 CREATE INDEX memories_thread_speaker ON memories (
     thread_id, json_extract(metadata, '$.speaker')
 ) WHERE json_extract(metadata, '$.speaker') IS NOT NULL;
+"#,
+    // 5: the index log: every write names the vector ids whose index entry it changed, so
+    // another process on the same file catches its index up by reading the log past the
+    // last sequence number it saw (`origin` tells a process's own writes from others').
+    r#"
+CREATE TABLE index_log (
+    seq    INTEGER PRIMARY KEY AUTOINCREMENT,
+    vid    INTEGER NOT NULL,
+    origin INTEGER NOT NULL
+);
 "#,
 ];
 

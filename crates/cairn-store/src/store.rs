@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -112,6 +113,16 @@ pub struct StoreStats {
     pub rebuilds: usize,
     /// Why the index was last rebuilt, if it was.
     pub last_rebuild_reason: Option<String>,
+    /// Index entries this process caught up from other processes' writes since opening.
+    pub foreign_changes: usize,
+    /// Times this process re-read every row's index attributes since opening (the index log
+    /// had been pruned past what it last saw, or an index update after a commit failed).
+    pub resyncs: usize,
+    /// Index snapshots or rebuilds that failed after their write had committed (the write
+    /// was acknowledged; the snapshot is retried at the next write and on close).
+    pub snapshot_failures: usize,
+    /// The last such failure, cleared by the next snapshot that succeeds.
+    pub last_snapshot_error: Option<String>,
 }
 
 /// What [`Store::check_index`] found.
@@ -144,6 +155,16 @@ struct Shared {
     options: StoreOptions,
     index: VectorIndex,
     rebuilds: Mutex<(usize, Option<String>)>,
+    /// This handle's id in the index log (random per open).
+    origin: i64,
+    /// The highest index-log sequence number this handle's index reflects.
+    seen: AtomicI64,
+    /// Set when an index update after a commit failed: the next sync re-reads every row.
+    resync: AtomicBool,
+    foreign: AtomicUsize,
+    resyncs: AtomicUsize,
+    /// Snapshot failures after commit, and the last one's message (cleared on success).
+    snapshot_failures: Mutex<(usize, Option<String>)>,
 }
 
 struct Inner {
@@ -291,26 +312,22 @@ impl Store {
             options: options.clone(),
             index,
             rebuilds: Mutex::new((0, None)),
+            origin: new_origin(),
+            seen: AtomicI64::new(0),
+            resync: AtomicBool::new(false),
+            foreign: AtomicUsize::new(0),
+            resyncs: AtomicUsize::new(0),
+            snapshot_failures: Mutex::new((0, None)),
         });
+        // The log position first, then the rows: a write committed in between is in both,
+        // and applying it again is harmless.
+        shared.seen.store(log_head(&conn)?, Ordering::SeqCst);
         let live = live_rows(&conn, &shared.index)?;
         match reason {
             None => {
-                let missing = shared.index.adopt_live(live.clone());
-                if !missing.is_empty() {
-                    tracing::info!(rows = missing.len(), "index catching up from SQLite");
-                    let attrs: HashMap<usize, Attr> = live.into_iter().collect();
-                    let vecs = vectors(&conn, Some(&missing))?;
-                    let entries: Vec<Entry<'_>> = vecs
-                        .iter()
-                        .filter_map(|(vid, v)| {
-                            attrs.get(vid).map(|a| Entry {
-                                vid: *vid,
-                                vector: v,
-                                attr: *a,
-                            })
-                        })
-                        .collect();
-                    shared.index.insert(&entries);
+                let missing = adopt_rows(&conn, &shared, live)?;
+                if missing > 0 {
+                    tracing::info!(rows = missing, "index caught up from SQLite");
                 }
             }
             // A new, empty store has nothing to rebuild.
@@ -333,7 +350,7 @@ impl Store {
                 }
                 let health = writer_shared.index.health();
                 if health.unsnapshotted > 0 || !snap_exists(&writer_shared.snapshot_dir) {
-                    writer_shared.index.snapshot(&writer_shared.snapshot_dir)?;
+                    snapshot(&writer_shared)?;
                 }
                 Ok(())
             })?;
@@ -382,7 +399,12 @@ impl Store {
         let (rtx, rrx) = sync_channel(1);
         let shared = Arc::clone(&self.inner.shared);
         let job: Job = Box::new(move |conn| {
-            let _ = rtx.send(f(conn, &shared));
+            // Other processes' writes reach the index before this job reads or links
+            // against it; after the job, the log position moves past its own entries.
+            sync_index(conn, &shared);
+            let out = f(conn, &shared);
+            sync_index(conn, &shared);
+            let _ = rtx.send(out);
         });
         let sender = self
             .inner
@@ -423,6 +445,27 @@ impl Store {
             pool.push(conn);
         }
         out
+    }
+
+    /// Catches the index up with other handles' committed writes when there are any: one
+    /// indexed look-up in the index log when there are none.
+    fn sync(&self) -> Result<()> {
+        let shared = &self.inner.shared;
+        let seen = shared.seen.load(Ordering::SeqCst);
+        let behind = shared.resync.load(Ordering::SeqCst)
+            || self.read(|c| {
+                Ok(c.prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM index_log WHERE seq > ?1 AND origin != ?2) \
+                     OR COALESCE((SELECT CAST(value AS INTEGER) FROM store_meta \
+                                  WHERE key = 'index_log_pruned'), 0) > ?1",
+                )?
+                .query_row(params![seen, shared.origin], |r| r.get::<_, bool>(0))?)
+            })?;
+        if behind {
+            // The writer thread applies them before any job.
+            self.write(|_, _| Ok(()))?;
+        }
+        Ok(())
     }
 
     fn prepare_vector(&self, v: Vec<f32>) -> Result<Vec<f32>> {
@@ -486,7 +529,7 @@ impl Store {
                 })
                 .collect();
             shared.index.insert(&entries);
-            after_index_change(conn, shared)?;
+            after_commit(conn, shared);
             Ok(prepared.into_iter().map(|(u, _)| u).collect())
         })
     }
@@ -561,7 +604,7 @@ impl Store {
                 vector: &v,
                 attr: attr_of(shared, &unit),
             }]);
-            after_index_change(conn, shared)?;
+            after_commit(conn, shared);
             Ok(unit)
         })
     }
@@ -619,11 +662,11 @@ impl Store {
             let mut changed = vec![rid];
             changed.extend(ancestors.iter().copied());
             let relevelled = refresh_summaries(&tx, &changed)?;
+            log_vids(&tx, shared, relevelled.iter().map(|(vid, _)| *vid))?;
+            let unit = rows::get_unit(&tx, summary)?;
             tx.commit()?;
-            for (vid, level) in relevelled {
-                reattr(conn, shared, vid, level)?;
-            }
-            rows::get_unit(conn, summary)
+            reattr_all(conn, shared, &relevelled);
+            Ok(unit)
         })
     }
 
@@ -636,6 +679,31 @@ impl Store {
         metadata: Option<Metadata>,
         embedding: Vec<f32>,
     ) -> Result<MemoryUnit> {
+        self.rewrite(id, content, metadata, embedding, false)
+    }
+
+    /// Rewrites a summary from its current sources (after they changed or were detached):
+    /// new content (and metadata when given) and embedding. Its stale flag is cleared, its
+    /// level, time range and source count are recomputed, and every summary above it is
+    /// marked stale (one of their sources changed). `NotASummary` for a memory that is not.
+    pub fn refresh_summary(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        self.rewrite(id, content, metadata, embedding, true)
+    }
+
+    fn rewrite(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+        refresh: bool,
+    ) -> Result<MemoryUnit> {
         let probe = NewMemory::new(MemoryKind::Knowledge, content.clone());
         probe.validate()?;
         if let Some(m) = &metadata {
@@ -644,14 +712,17 @@ impl Store {
         let v = self.prepare_vector(embedding)?;
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
-            let (rid, old_vid, old_content): (i64, i64, String) = tx
+            let (rid, old_vid, old_content, kind): (i64, i64, String, String) = tx
                 .query_row(
-                    "SELECT rid, vid, content FROM memories WHERE id = ?1",
+                    "SELECT rid, vid, content, kind FROM memories WHERE id = ?1",
                     params![id.as_bytes()],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
                 .optional()?
                 .ok_or(StoreError::NotFound { id })?;
+            if refresh && kind != MemoryKind::Summary.as_str() {
+                return Err(StoreError::NotASummary { id });
+            }
             let vid = next_vid(&tx)?;
             tx.execute(
                 "INSERT INTO memories_fts (memories_fts, rowid, content) VALUES ('delete', ?1, ?2)",
@@ -671,22 +742,32 @@ impl Store {
                 "INSERT INTO memories_fts (rowid, content) VALUES (?1, ?2)",
                 params![rid, content],
             )?;
+            if refresh {
+                tx.execute("UPDATE memories SET stale = 0 WHERE rid = ?1", params![rid])?;
+                refresh_summaries(&tx, &[rid])?;
+            }
             let ancestors = ancestor_rids(&tx, rid)?;
             mark_stale(&tx, &ancestors)?;
+            log_vids(&tx, shared, [vid_usize(old_vid), vid])?;
+            let unit = rows::get_unit(&tx, id)?;
             tx.commit()?;
-            let unit = rows::get_unit(conn, id)?;
             shared.index.remove(&[vid_usize(old_vid)]);
             shared.index.insert(&[Entry {
                 vid,
                 vector: &v,
                 attr: attr_of(shared, &unit),
             }]);
-            after_index_change(conn, shared)?;
+            after_commit(conn, shared);
             Ok(unit)
         })
     }
 
     /// Deletes a memory under `policy` (see [`DeletePolicy`]).
+    ///
+    /// Under `Detach`, a summary whose last source goes is deleted as well (a summary of
+    /// nothing could be neither expanded nor refreshed), and the summaries citing it are
+    /// detached from it by the same rule; those that keep a source are marked stale and get
+    /// their level, time range and source count recomputed.
     pub fn delete(&self, id: MemoryId, policy: DeletePolicy) -> Result<DeleteReport> {
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
@@ -694,6 +775,7 @@ impl Store {
             let citing = citing_ids(&tx, rid)?;
             let mut report = DeleteReport::default();
             let mut doomed = vec![rid];
+            let mut relevelled = Vec::new();
             match policy {
                 DeletePolicy::Restrict if !citing.is_empty() => {
                     return Err(StoreError::CitedBySummaries {
@@ -704,19 +786,39 @@ impl Store {
                 DeletePolicy::Restrict => {}
                 DeletePolicy::Cascade => doomed.extend(ancestor_rids(&tx, rid)?),
                 DeletePolicy::Detach => {
-                    let rids: Vec<i64> = citing.iter().map(|(r, _)| *r).collect();
-                    tx.execute("DELETE FROM summary_sources WHERE source = ?1", params![rid])?;
+                    let mut kept: Vec<(i64, MemoryId)> = Vec::new();
+                    let mut frontier = vec![rid];
+                    while let Some(gone) = frontier.pop() {
+                        let citing = citing_ids(&tx, gone)?;
+                        tx.execute("DELETE FROM summary_sources WHERE source = ?1", params![gone])?;
+                        for (r, sid) in citing {
+                            let left: i64 = tx.query_row(
+                                "SELECT count(*) FROM summary_sources WHERE summary = ?1",
+                                params![r],
+                                |x| x.get(0),
+                            )?;
+                            if left == 0 {
+                                if !doomed.contains(&r) {
+                                    doomed.push(r);
+                                    frontier.push(r);
+                                }
+                            } else if !kept.iter().any(|(k, _)| *k == r) {
+                                kept.push((r, sid));
+                            }
+                        }
+                    }
+                    kept.retain(|(r, _)| !doomed.contains(r));
+                    let rids: Vec<i64> = kept.iter().map(|(r, _)| *r).collect();
                     mark_stale(&tx, &rids)?;
                     let mut up = rids.clone();
-                    up.extend(
-                        rids.iter()
-                            .map(|r| ancestor_rids(&tx, *r))
-                            .collect::<Result<Vec<_>>>()?
-                            .into_iter()
-                            .flatten(),
-                    );
-                    refresh_summaries(&tx, &up)?;
-                    report.detached = citing.into_iter().map(|(_, id)| id).collect();
+                    for r in &rids {
+                        up.extend(ancestor_rids(&tx, *r)?);
+                    }
+                    up.sort_unstable();
+                    up.dedup();
+                    up.retain(|r| !doomed.contains(r));
+                    relevelled = refresh_summaries(&tx, &up)?;
+                    report.detached = kept.into_iter().map(|(_, id)| id).collect();
                 }
             }
             let mut vids = Vec::with_capacity(doomed.len());
@@ -740,9 +842,15 @@ impl Store {
                 vids.push(vid_usize(vid));
                 report.deleted.push(MemoryId::from_bytes(mid));
             }
+            log_vids(
+                &tx,
+                shared,
+                vids.iter().copied().chain(relevelled.iter().map(|(v, _)| *v)),
+            )?;
             tx.commit()?;
             shared.index.remove(&vids);
-            after_index_change(conn, shared)?;
+            reattr_all(conn, shared, &relevelled);
+            after_commit(conn, shared);
             Ok(report)
         })
     }
@@ -1076,6 +1184,7 @@ impl Store {
         if k == 0 {
             return Ok(Vec::new());
         }
+        self.sync()?;
         let shared = &self.inner.shared;
         let ef = ef.unwrap_or(shared.options.hnsw.ef_search);
         let (admitted, thread_key, live) = {
@@ -1295,6 +1404,7 @@ impl Store {
 
     /// Counts per kind and level, stale summaries, links and index health.
     pub fn stats(&self) -> Result<StoreStats> {
+        self.sync()?;
         let mut s = self.read(|c| {
             let mut s = StoreStats::default();
             let mut stmt = c.prepare(
@@ -1329,19 +1439,29 @@ impl Store {
             .clone();
         s.rebuilds = r.0;
         s.last_rebuild_reason = r.1;
+        let shared = &self.inner.shared;
+        s.foreign_changes = shared.foreign.load(Ordering::Relaxed);
+        s.resyncs = shared.resyncs.load(Ordering::Relaxed);
+        let f = shared
+            .snapshot_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        s.snapshot_failures = f.0;
+        s.last_snapshot_error = f.1;
         Ok(s)
     }
 
     /// Writes the index snapshot now.
     pub fn snapshot(&self) -> Result<()> {
-        self.write(|_, shared| shared.index.snapshot(&shared.snapshot_dir))
+        self.write(|_, shared| snapshot(shared))
     }
 
     /// Rebuilds the index from the stored embeddings (drops every tombstone).
     pub fn reindex(&self) -> Result<()> {
         self.write(|conn, shared| {
             rebuild(conn, shared, Some("requested".into()))?;
-            shared.index.snapshot(&shared.snapshot_dir)
+            snapshot(shared)
         })
     }
 
@@ -1474,7 +1594,186 @@ fn insert_row(tx: &Transaction<'_>, shared: &Shared, u: &MemoryUnit, v: &[f32]) 
     let rid = tx.last_insert_rowid();
     tx.prepare_cached("INSERT INTO memories_fts (rowid, content) VALUES (?1, ?2)")?
         .execute(params![rid, u.content])?;
+    log_vids(tx, shared, [vid])?;
     Ok(vid)
+}
+
+/// A random id for this handle's entries in the index log.
+fn new_origin() -> i64 {
+    // A v7 id ends in 62 random bits.
+    let (_, low) = uuid::Uuid::now_v7().as_u64_pair();
+    i64::from_ne_bytes(low.to_ne_bytes())
+}
+
+/// The index log's highest sequence number (0 when empty).
+fn log_head(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM index_log")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// The highest sequence number pruned from the index log (0 when none was).
+fn log_pruned(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT COALESCE((SELECT CAST(value AS INTEGER) FROM store_meta WHERE key = 'index_log_pruned'), 0)",
+        )?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Records, in the writing transaction, that the index entries of `vids` changed.
+fn log_vids(
+    tx: &Transaction<'_>,
+    shared: &Shared,
+    vids: impl IntoIterator<Item = usize>,
+) -> Result<()> {
+    let mut stmt = tx.prepare_cached("INSERT INTO index_log (vid, origin) VALUES (?1, ?2)")?;
+    for vid in vids {
+        stmt.execute(params![
+            i64::try_from(vid).unwrap_or(i64::MAX),
+            shared.origin
+        ])?;
+    }
+    Ok(())
+}
+
+/// Brings the index up to every write committed by other handles (other processes, or
+/// another `Store` on the same file): runs on the writer thread before and after each job.
+/// A failure is logged and leaves a full re-read for the next call; it never fails the job.
+fn sync_index(conn: &mut Connection, shared: &Shared) {
+    if let Err(e) = try_sync_index(conn, shared) {
+        tracing::warn!(error = %e, "catching the index up with other writers failed; retried at the next call");
+        shared.resync.store(true, Ordering::SeqCst);
+    }
+}
+
+fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
+    let seen = shared.seen.load(Ordering::SeqCst);
+    if shared.resync.load(Ordering::SeqCst) || log_pruned(conn)? > seen {
+        let head = log_head(conn)?;
+        let live = live_rows(conn, &shared.index)?;
+        let adopted = adopt_rows(conn, shared, live)?;
+        shared.seen.store(head, Ordering::SeqCst);
+        shared.resync.store(false, Ordering::SeqCst);
+        shared.resyncs.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            inserted = adopted,
+            "index re-read from SQLite (behind the log)"
+        );
+        return Ok(());
+    }
+    let mut head = seen;
+    let mut foreign = Vec::new();
+    {
+        let mut stmt = conn
+            .prepare_cached("SELECT seq, vid, origin FROM index_log WHERE seq > ?1 ORDER BY seq")?;
+        let mut rows = stmt.query(params![seen])?;
+        while let Some(r) = rows.next()? {
+            head = head.max(r.get::<_, i64>(0)?);
+            if r.get::<_, i64>(2)? != shared.origin {
+                foreign.push(vid_usize(r.get::<_, i64>(1)?));
+            }
+        }
+    }
+    if !foreign.is_empty() {
+        foreign.sort_unstable();
+        foreign.dedup();
+        apply_vids(conn, shared, &foreign)?;
+        shared.foreign.fetch_add(foreign.len(), Ordering::Relaxed);
+    }
+    shared.seen.store(head, Ordering::SeqCst);
+    // A process that fell further behind than the log keeps re-reads every row instead.
+    let keep = i64::try_from(shared.options.index_log_keep).unwrap_or(i64::MAX / 2);
+    if head - log_pruned(conn)? > keep.saturating_mul(2) {
+        let tx = begin(conn)?;
+        let below = head - keep;
+        tx.execute("DELETE FROM index_log WHERE seq <= ?1", params![below])?;
+        tx.execute(
+            "INSERT OR REPLACE INTO store_meta (key, value) VALUES ('index_log_pruned', ?1)",
+            params![below.to_string()],
+        )?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// Sets the index entries of `vids` to what their rows hold now: inserted (vector read from
+/// SQLite) or re-attributed when the row exists, removed when it does not.
+fn apply_vids(conn: &Connection, shared: &Shared, vids: &[usize]) -> Result<()> {
+    let mut stmt = conn
+        .prepare_cached("SELECT kind, level, created_at, thread_id FROM memories WHERE vid = ?1")?;
+    let mut live = Vec::new();
+    let mut gone = Vec::new();
+    for vid in vids {
+        let row = stmt
+            .query_row(params![i64::try_from(*vid).unwrap_or(i64::MAX)], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, u32>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ))
+            })
+            .optional()?;
+        match row {
+            Some((kind, level, created_at, thread)) => live.push((
+                *vid,
+                Attr {
+                    kind: kind.parse()?,
+                    level,
+                    created_at,
+                    thread: shared.index.intern(thread.as_deref()),
+                },
+            )),
+            None => gone.push(*vid),
+        }
+    }
+    shared.index.remove(&gone);
+    adopt_rows_partial(conn, shared, live)?;
+    Ok(())
+}
+
+/// Makes the index hold exactly `live` (every row's vid and attributes): entries without a
+/// row are removed, rows without an entry inserted. Returns how many were inserted.
+fn adopt_rows(conn: &Connection, shared: &Shared, live: Vec<(usize, Attr)>) -> Result<usize> {
+    let rows: HashSet<usize> = live.iter().map(|(v, _)| *v).collect();
+    let orphans: Vec<usize> = shared
+        .index
+        .attrs()
+        .map
+        .keys()
+        .filter(|v| !rows.contains(v))
+        .copied()
+        .collect();
+    shared.index.remove(&orphans);
+    adopt_rows_partial(conn, shared, live)
+}
+
+/// Sets the attributes of the given rows' entries, inserting those the graph lacks (vectors
+/// read from SQLite). Returns how many were inserted.
+fn adopt_rows_partial(
+    conn: &Connection,
+    shared: &Shared,
+    live: Vec<(usize, Attr)>,
+) -> Result<usize> {
+    let attrs: HashMap<usize, Attr> = live.iter().copied().collect();
+    let missing = shared.index.adopt_live(live);
+    if missing.is_empty() {
+        return Ok(0);
+    }
+    let vecs = vectors(conn, Some(&missing))?;
+    let entries: Vec<Entry<'_>> = vecs
+        .iter()
+        .filter_map(|(vid, v)| {
+            attrs.get(vid).map(|a| Entry {
+                vid: *vid,
+                vector: v,
+                attr: *a,
+            })
+        })
+        .collect();
+    shared.index.insert(&entries);
+    Ok(entries.len())
 }
 
 struct SourceFacts {
@@ -1646,6 +1945,17 @@ fn refresh_summaries(tx: &Transaction<'_>, rids: &[i64]) -> Result<Vec<(usize, u
     Ok(changed.into_iter().collect())
 }
 
+/// [`reattr`] for each (vid, level), after a commit: a failure is logged and leaves a full
+/// re-read of the index attributes for the next job (the write itself stands).
+fn reattr_all(conn: &Connection, shared: &Shared, relevelled: &[(usize, u32)]) {
+    for (vid, level) in relevelled {
+        if let Err(e) = reattr(conn, shared, *vid, *level) {
+            tracing::warn!(error = %e, vid, "index level update after a commit failed; re-reading the index at the next call");
+            shared.resync.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 fn reattr(conn: &Connection, shared: &Shared, vid: usize, level: u32) -> Result<()> {
     let (kind, created_at, thread): (String, i64, Option<String>) = conn.query_row(
         "SELECT kind, created_at, thread_id FROM memories WHERE vid = ?1",
@@ -1664,6 +1974,33 @@ fn reattr(conn: &Connection, shared: &Shared, vid: usize, level: u32) -> Result<
     Ok(())
 }
 
+/// [`after_index_change`] after a committed write: the write is acknowledged whatever
+/// happens here, so a failure (disk full, a rename race) is logged and counted in
+/// [`StoreStats`], and the snapshot is retried at the next write (its threshold still holds)
+/// and on close.
+fn after_commit(conn: &Connection, shared: &Shared) {
+    if let Err(e) = after_index_change(conn, shared) {
+        tracing::warn!(error = %e, "index snapshot after a committed write failed; retried later");
+        let mut f = shared
+            .snapshot_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        f.0 += 1;
+        f.1 = Some(e.to_string());
+    }
+}
+
+/// Writes the snapshot; a success clears the last snapshot error.
+fn snapshot(shared: &Shared) -> Result<()> {
+    shared.index.snapshot(&shared.snapshot_dir)?;
+    shared
+        .snapshot_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .1 = None;
+    Ok(())
+}
+
 /// Snapshots or rebuilds when thresholds are passed (runs on the writer thread).
 fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
     let h = shared.index.health();
@@ -1675,11 +2012,11 @@ fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
             shared,
             Some(format!("{} deleted entries", h.tombstones)),
         )?;
-        shared.index.snapshot(&shared.snapshot_dir)?;
+        snapshot(shared)?;
     } else if o.snapshot_every > 0 && h.unsnapshotted >= o.snapshot_every.max(h.points / 10) {
         // A snapshot rewrites the whole graph: spacing them by a tenth of the index keeps
         // the bytes written per new entry constant as the store grows.
-        shared.index.snapshot(&shared.snapshot_dir)?;
+        snapshot(shared)?;
     }
     Ok(())
 }

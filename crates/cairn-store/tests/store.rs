@@ -974,12 +974,13 @@ fn version_1_databases_are_migrated() {
     }
     store.close().unwrap();
     // Put the file back to schema 1: the thread index without its covered columns, no
-    // speaker index.
+    // speaker index, no index log.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "DROP INDEX memories_thread_time;
              DROP INDEX memories_thread_speaker;
+             DROP TABLE index_log;
              CREATE INDEX memories_thread_time ON memories (thread_id, created_at);
              PRAGMA user_version = 1;",
         )
@@ -1490,4 +1491,273 @@ fn thread_isolation_is_checked_through_every_level() {
         2,
         "the failed extension wrote nothing"
     );
+}
+
+/// Issue 16, item 1: two handles on one file (each with its own index, as two processes
+/// have) see each other's committed writes on their next read: inserts of a thread the
+/// reader never wrote, summaries, deletes and level changes; the log is caught up
+/// incrementally, and a reader that fell behind a pruned log re-reads the rows once.
+#[test]
+fn a_second_handle_sees_the_first_ones_writes() {
+    let dir = tmp();
+    let path = dir.path().join("two.db");
+    let mut opts = options(8);
+    opts.exact_scan_max = 0;
+    opts.exact_scan_factor = 0.0;
+    opts.index_log_keep = 50;
+    let reader = Store::open(&path, opts.clone()).unwrap();
+    let writer = Store::open(&path, opts).unwrap();
+    let mut rng = StdRng::seed_from_u64(16);
+    // Something of the reader's own, so its index is not empty.
+    for i in 0..5 {
+        reader
+            .insert(turn("mine", i), random_unit(&mut rng, 8))
+            .unwrap();
+    }
+    let u = ThreadId::new("u").unwrap();
+    let mut turns = Vec::new();
+    let mut vecs = Vec::new();
+    for i in 0..12 {
+        let v = random_unit(&mut rng, 8);
+        turns.push(writer.insert(turn("u", i), v.clone()).unwrap().id);
+        vecs.push(v);
+    }
+    let s1 = writer
+        .add_summary(
+            NewSummary::new("first half", turns[..6].to_vec()).with_thread(Some(u.clone())),
+            random_unit(&mut rng, 8),
+        )
+        .unwrap();
+    let s2 = writer
+        .add_summary(
+            NewSummary::new("second half", turns[6..].to_vec()).with_thread(Some(u.clone())),
+            random_unit(&mut rng, 8),
+        )
+        .unwrap();
+    let top = writer
+        .add_summary(
+            NewSummary::new("all", vec![s1.id, s2.id]).with_thread(Some(u.clone())),
+            random_unit(&mut rng, 8),
+        )
+        .unwrap();
+    // The reader finds the writer's turns by their own vectors in a thread it never wrote.
+    let in_u = Filter::all().thread(u.clone());
+    for (id, v) in turns.iter().zip(&vecs) {
+        let hits = reader.search_vector(v.clone(), 1, &in_u, None).unwrap();
+        assert_eq!(hits.first().map(|h| h.memory.id), Some(*id));
+    }
+    let summaries = Filter::all().kinds([MemoryKind::Summary]);
+    let found = reader
+        .search_vector(random_unit(&mut rng, 8), 10, &summaries, None)
+        .unwrap();
+    assert_eq!(found.len(), 3, "the writer's three summaries");
+    assert!(reader.check_index().unwrap().is_consistent());
+    let stats = reader.stats().unwrap();
+    assert_eq!(stats.foreign_changes, 15);
+    assert_eq!(stats.resyncs, 0);
+    // Deletes by the writer: a turn (s1 keeps five others) and s2 (Detach: `top` keeps s1
+    // and stays at level 2).
+    writer.delete(turns[0], DeletePolicy::Detach).unwrap();
+    writer.delete(s2.id, DeletePolicy::Detach).unwrap();
+    let hits = reader
+        .search_vector(vecs[0].clone(), 3, &in_u, None)
+        .unwrap();
+    assert!(
+        hits.iter().all(|h| h.memory.id != turns[0]),
+        "deleted turn found"
+    );
+    let level2 = Filter::all().kinds([MemoryKind::Summary]).levels(2, 2);
+    let found: Vec<MemoryId> = reader
+        .search_vector(random_unit(&mut rng, 8), 10, &level2, None)
+        .unwrap()
+        .into_iter()
+        .map(|h| h.memory.id)
+        .collect();
+    assert_eq!(found, vec![top.id]);
+    assert!(reader.check_index().unwrap().is_consistent());
+    // Past the log's length: the reader re-reads every row once and agrees again.
+    for i in 12..200 {
+        writer
+            .insert(turn("u", i), random_unit(&mut rng, 8))
+            .unwrap();
+    }
+    assert!(reader.check_index().unwrap().is_consistent());
+    assert_eq!(reader.stats().unwrap().resyncs, 1);
+    // And the other way round: the writer sees the reader's turns.
+    let v = random_unit(&mut rng, 8);
+    let mine = reader.insert(turn("mine", 99), v.clone()).unwrap();
+    let hits = writer
+        .search_vector(
+            v,
+            1,
+            &Filter::all().thread(ThreadId::new("mine").unwrap()),
+            None,
+        )
+        .unwrap();
+    assert_eq!(hits[0].memory.id, mine.id);
+    assert!(writer.check_index().unwrap().is_consistent());
+}
+
+/// Issue 16, item 1: snapshots written by two handles never lose entries: whichever
+/// snapshot is on disk last, a reopened store holds every row.
+#[test]
+fn snapshots_of_two_handles_lose_nothing() {
+    let dir = tmp();
+    let path = dir.path().join("snap.db");
+    let a = open(&path, 8);
+    let b = open(&path, 8);
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut all = Vec::new();
+    for round in 0..4 {
+        for (who, s) in [("a", &a), ("b", &b)] {
+            let v = random_unit(&mut rng, 8);
+            let id = s.insert(turn(who, round), v.clone()).unwrap().id;
+            all.push((id, v));
+        }
+        // Each snapshot is taken by a handle that has (a) or has not (b, before its next
+        // read) caught up with the other's latest write.
+        if round % 2 == 0 {
+            a.snapshot().unwrap();
+        } else {
+            b.snapshot().unwrap();
+        }
+    }
+    b.close().unwrap();
+    a.close().unwrap();
+    let c = open(&path, 8);
+    assert!(c.check_index().unwrap().is_consistent());
+    for (id, v) in &all {
+        let hits = c.search_vector(v.clone(), 1, &Filter::all(), None).unwrap();
+        assert_eq!(hits[0].memory.id, *id);
+    }
+}
+
+/// Issue 16, item 2: a write whose row committed is acknowledged even when the index
+/// snapshot after it fails; the failure is counted in `stats` and the snapshot retried.
+#[test]
+fn a_committed_write_is_acknowledged_when_its_snapshot_fails() {
+    let dir = tmp();
+    let path = dir.path().join("ack.db");
+    let mut opts = options(8);
+    opts.snapshot_every = 1;
+    let store = Store::open(&path, opts).unwrap();
+    let mut rng = StdRng::seed_from_u64(18);
+    store
+        .insert(turn("t", 0), random_unit(&mut rng, 8))
+        .unwrap();
+    // A file where the snapshot's temporary directory goes makes the next snapshot fail.
+    let snap = snapshot_dir(&path);
+    let blocker = snap.with_file_name(format!(
+        "{}.tmp-{}",
+        snap.file_name().unwrap().to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::write(&blocker, b"in the way").unwrap();
+    let m = store.insert(turn("t", 1), random_unit(&mut rng, 8));
+    let m = m.expect("a committed write is acknowledged");
+    assert_eq!(store.get(m.id).unwrap().content, m.content);
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.snapshot_failures, 1);
+    assert!(stats.last_snapshot_error.is_some());
+    assert_eq!(stats.total, 2, "written once, not twice");
+    std::fs::remove_file(&blocker).unwrap();
+    store
+        .insert(turn("t", 2), random_unit(&mut rng, 8))
+        .unwrap();
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.snapshot_failures, 1);
+    assert_eq!(stats.last_snapshot_error, None, "the retry succeeded");
+    store.close().unwrap();
+    let store = open(&path, 8);
+    assert_eq!(store.stats().unwrap().total, 3);
+    assert!(store.check_index().unwrap().is_consistent());
+}
+
+/// Issue 16, item 4: a Detach delete that changes levels changes them in the index too; a
+/// summary whose last source goes is deleted (the rule for zero-source summaries) and its
+/// own citers are detached from it; a stale summary is refreshed from its current sources.
+#[test]
+fn detach_keeps_levels_in_step_and_deletes_empty_summaries() {
+    let dir = tmp();
+    let path = dir.path().join("detach.db");
+    let store = open(&path, 8);
+    let mut rng = StdRng::seed_from_u64(19);
+    let t = ThreadId::new("t").unwrap();
+    let ids: Vec<MemoryId> = (0..4)
+        .map(|i| {
+            store
+                .insert(turn("t", i), random_unit(&mut rng, 8))
+                .unwrap()
+                .id
+        })
+        .collect();
+    let low = store
+        .add_summary(
+            NewSummary::new("low", vec![ids[0]]).with_thread(Some(t.clone())),
+            random_unit(&mut rng, 8),
+        )
+        .unwrap();
+    let mid = store
+        .add_summary(
+            NewSummary::new("mid", vec![low.id, ids[1]]).with_thread(Some(t.clone())),
+            random_unit(&mut rng, 8),
+        )
+        .unwrap();
+    let top = store
+        .add_summary(
+            NewSummary::new("top", vec![mid.id, ids[2]]).with_thread(Some(t.clone())),
+            random_unit(&mut rng, 8),
+        )
+        .unwrap();
+    assert_eq!((low.level, mid.level, top.level), (1, 2, 3));
+    // Deleting the only source of `low` deletes `low`; `mid` keeps ids[1] and drops to
+    // level 1, `top` to level 2 — in SQL and in the index.
+    let report = store.delete(ids[0], DeletePolicy::Detach).unwrap();
+    assert_eq!(report.deleted, vec![ids[0], low.id]);
+    assert_eq!(report.detached, vec![mid.id]);
+    assert!(matches!(
+        store.get(low.id),
+        Err(StoreError::NotFound { .. })
+    ));
+    let mid_now = store.get(mid.id).unwrap();
+    let top_now = store.get(top.id).unwrap();
+    assert_eq!((mid_now.level, top_now.level), (1, 2));
+    let info = mid_now.summary.as_ref().unwrap();
+    assert!(info.stale);
+    assert_eq!(info.source_ids, vec![ids[1]]);
+    assert!(store.check_index().unwrap().is_consistent(), "index levels");
+    let level1 = Filter::all().kinds([MemoryKind::Summary]).levels(1, 1);
+    let found: Vec<MemoryId> = store
+        .search_vector(random_unit(&mut rng, 8), 5, &level1, None)
+        .unwrap()
+        .into_iter()
+        .map(|h| h.memory.id)
+        .collect();
+    assert_eq!(found, vec![mid.id]);
+    // Refresh: `mid` is rewritten from what it cites now; it is no longer stale, and `top`
+    // (whose source changed) is.
+    assert!(matches!(
+        store.refresh_summary(ids[1], "x".into(), None, random_unit(&mut rng, 8)),
+        Err(StoreError::NotASummary { .. })
+    ));
+    let v = random_unit(&mut rng, 8);
+    let fresh = store
+        .refresh_summary(mid.id, "mid, rewritten".into(), None, v.clone())
+        .unwrap();
+    let info = fresh.summary.as_ref().unwrap();
+    assert!(!info.stale);
+    assert_eq!(fresh.content, "mid, rewritten");
+    assert_eq!(fresh.level, 1);
+    assert!(store.get(top.id).unwrap().summary.unwrap().stale);
+    let hits = store.search_vector(v, 1, &Filter::all(), None).unwrap();
+    assert_eq!(hits[0].memory.id, mid.id);
+    assert!(store.check_index().unwrap().is_consistent());
+    // A chain of only-sources goes at once: top cites mid and ids[2]; delete ids[2] and
+    // ids[1] with Detach: mid empties, then top.
+    store.delete(ids[2], DeletePolicy::Detach).unwrap();
+    let report = store.delete(ids[1], DeletePolicy::Detach).unwrap();
+    assert_eq!(report.deleted, vec![ids[1], mid.id, top.id]);
+    assert!(report.detached.is_empty());
+    assert_eq!(store.stats().unwrap().by_kind.get("summary"), None);
+    assert!(store.check_index().unwrap().is_consistent());
 }
