@@ -342,6 +342,338 @@ async fn sigkill_during_mixed_work_loses_nothing() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Two processes on one store
+
+const WORKER_CHILD: &str = "CAIRN_RELIABILITY_WORKER_DB";
+
+/// Child side of the two-process test. Opens the store, says `ready`, then serves commands
+/// from stdin while (with `CAIRN_RELIABILITY_WRITE` set to a thread name) it writes turns
+/// and summaries on that thread in the background, printing each acknowledged write:
+/// - `consolidate`: consolidates the thread `old` until done, then prints `consolidated`;
+/// - `find <id>`: reads the memory and searches for its text in its thread (vector search),
+///   printing `found <id>` when both succeed, `lost <id>` otherwise;
+/// - `summaries <thread>`: one summary search on the thread, printing `summaries` and the
+///   ids found;
+/// - `check`: compares the index with the rows (`consistent` or `inconsistent`).
+#[test]
+fn worker_child() {
+    let Ok(path) = std::env::var(WORKER_CHILD) else {
+        return;
+    };
+    let seed: u64 = std::env::var("CAIRN_RELIABILITY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mem = harness(std::path::Path::new(&path), None).await;
+        if let Ok(name) = std::env::var("CAIRN_RELIABILITY_WRITE") {
+            let w = mem.clone();
+            tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                let mut turns: Vec<MemoryId> = Vec::new();
+                // At most 600 writes a thread, so that a thread's searches scan it exactly
+                // (the graph's recall on the 64-dimension test vectors is not the point).
+                for n in 0..600 {
+                    if n % 6 == 5 && turns.len() >= 3 {
+                        let picked = turns[turns.len() - 3..].to_vec();
+                        let s = w
+                            .add_summary(format!("summary {n} of {name}"), &picked, Some(&name))
+                            .await
+                            .unwrap();
+                        println!("S {s}");
+                    } else {
+                        let id = w
+                            .add(NewMemory::conversational(
+                                thread(&name),
+                                Role::User,
+                                format!(
+                                    "{} {} {} turn {n} on {name}",
+                                    WORDS[rng.random_range(0..WORDS.len())],
+                                    WORDS[rng.random_range(0..WORDS.len())],
+                                    WORDS[rng.random_range(0..WORDS.len())],
+                                ),
+                            ))
+                            .await
+                            .unwrap();
+                        println!("A {id}");
+                        turns.push(id);
+                    }
+                }
+            });
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            for l in std::io::stdin().lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        println!("ready");
+        while let Some(cmd) = rx.recv().await {
+            let mut parts = cmd.split(' ');
+            match (parts.next(), parts.next()) {
+                (Some("consolidate"), _) => {
+                    consolidate_fully(&mem, "old").await;
+                    println!("consolidated");
+                }
+                (Some("find"), Some(id)) => {
+                    let id: MemoryId = id.parse().unwrap();
+                    let why = match mem.get(id).await {
+                        Ok(m) => {
+                            let t = m.thread_id.clone().unwrap();
+                            let hits = mem
+                                .search(
+                                    &m.content,
+                                    SearchOptions::all()
+                                        .mode(SearchMode::Vector)
+                                        .thread(t)
+                                        .k(10),
+                                )
+                                .await
+                                .unwrap();
+                            if hits.iter().any(|h| h.memory.id == id) {
+                                None
+                            } else {
+                                let s = mem.stats().await.unwrap();
+                                Some(format!(
+                                    "not among {} hits; {:?}; store {:?}",
+                                    hits.len(),
+                                    hits.first().map(|h| (h.score, &h.memory.content)),
+                                    s
+                                ))
+                            }
+                        }
+                        Err(e) => Some(e.to_string()),
+                    };
+                    match why {
+                        None => println!("found {id}"),
+                        Some(why) => println!("lost {id} {why}"),
+                    }
+                }
+                (Some("summaries"), Some(t)) => {
+                    let hits = mem
+                        .search(
+                            "summary",
+                            SearchOptions::summaries().thread(thread(t)).k(100_000),
+                        )
+                        .await
+                        .unwrap();
+                    let ids: Vec<String> = hits.iter().map(|h| h.memory.id.to_string()).collect();
+                    println!("summaries {}", ids.join(","));
+                }
+                (Some("check"), _) => {
+                    let ok = mem.store().check_index().unwrap().is_consistent();
+                    println!("{}", if ok { "consistent" } else { "inconsistent" });
+                }
+                _ => println!("unknown command {cmd}"),
+            }
+        }
+    });
+}
+
+/// A running [`worker_child`]: its stdin, and its stdout lines on a channel.
+struct Worker {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Worker {
+    fn start(path: &std::path::Path, write: Option<&str>, seed: u64) -> Worker {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "--exact",
+            "worker_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(WORKER_CHILD, path)
+        .env("CAIRN_RELIABILITY_SEED", seed.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+        if let Some(t) = write {
+            cmd.env("CAIRN_RELIABILITY_WRITE", t);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut w = Worker {
+            child,
+            stdin,
+            lines: rx,
+            seen: Vec::new(),
+        };
+        w.wait_for(|l| l.ends_with("ready"));
+        w
+    }
+
+    /// Reads lines until one passes `done`; returns it. Every line is kept in `seen`.
+    fn wait_for(&mut self, done: impl Fn(&str) -> bool) -> String {
+        loop {
+            let l = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|e| {
+                    panic!("the worker stopped answering ({e}): {:?}", self.seen.last())
+                });
+            self.seen.push(l.clone());
+            if done(&l) {
+                return l;
+            }
+        }
+    }
+
+    fn ask(&mut self, cmd: &str, done: impl Fn(&str) -> bool) -> String {
+        use std::io::Write;
+        writeln!(self.stdin, "{cmd}").unwrap();
+        self.stdin.flush().unwrap();
+        self.wait_for(done)
+    }
+
+    /// SIGKILL; returns every whole line it printed.
+    fn kill(mut self) -> Vec<String> {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        self.seen
+    }
+}
+
+/// Acknowledged adds and summaries among a worker's lines (a line cut by a kill does not
+/// parse and does not count).
+fn acknowledged(lines: &[String]) -> (Vec<MemoryId>, Vec<MemoryId>) {
+    let (mut adds, mut sums) = (Vec::new(), Vec::new());
+    for l in lines {
+        match l.split_once(' ') {
+            Some(("A", id)) => adds.extend(id.parse::<MemoryId>().ok()),
+            Some(("S", id)) => sums.extend(id.parse::<MemoryId>().ok()),
+            _ => {}
+        }
+    }
+    (adds, sums)
+}
+
+/// Issue 16, item 1, with real processes: a long-lived process reading through
+/// `MemoryHarness` finds, in one call, the summaries another process's consolidation wrote;
+/// then two writing processes are SIGKILLed in turn at seeded moments and the survivor
+/// finds every write the victim acknowledged, with an index that matches the rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_see_each_others_writes() {
+    let rounds = env_usize("CAIRN_MULTIPROCESS_ROUNDS", 6);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    {
+        let mem = harness(&path, None).await;
+        mem.add_many(old_turns("old", 107)).await.unwrap();
+        mem.store().clone().close().unwrap();
+    }
+    // The agent's process is open (its index loaded) before the cron's process writes.
+    let mut agent = Worker::start(&path, None, 0);
+    let none = agent.ask("summaries old", |l| l.starts_with("summaries"));
+    assert_eq!(none, "summaries ", "no summaries yet");
+    let mut cron = Worker::start(&path, None, 0);
+    cron.ask("consolidate", |l| l == "consolidated");
+    let written: HashSet<String> = {
+        let mem = harness(&path, None).await;
+        mem.list(Filter::all().kinds([MemoryKind::Summary]), 0, usize::MAX)
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.id.to_string())
+            .collect()
+    };
+    assert!(written.len() > 5, "the cron wrote a tree");
+    let found = agent.ask("summaries old", |l| l.starts_with("summaries"));
+    let found: HashSet<String> = found["summaries ".len()..]
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        found, written,
+        "the agent's first search finds every summary"
+    );
+    assert_eq!(
+        agent.ask("check", |l| l.ends_with("consistent")),
+        "consistent"
+    );
+    cron.kill();
+    agent.kill();
+
+    // Two writers; each round one of them is killed and the other checks its writes.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+    let mut workers = [
+        Some(Worker::start(&path, Some("p0-0"), 1)),
+        Some(Worker::start(&path, Some("p1-0"), 2)),
+    ];
+    let mut names = [String::from("p0-0"), String::from("p1-0")];
+    let mut checked = 0;
+    for round in 0..rounds {
+        let victim = rng.random_range(0..2usize);
+        let survivor = 1 - victim;
+        std::thread::sleep(Duration::from_millis(rng.random_range(20..300)));
+        let lines = workers[victim].take().unwrap().kill();
+        // (A victim killed right after it started may have acknowledged nothing.)
+        let (adds, sums) = acknowledged(&lines);
+        let s = workers[survivor].as_mut().unwrap();
+        for id in &adds {
+            let answer = s.ask(&format!("find {id}"), |l| {
+                l.starts_with("found") || l.starts_with("lost")
+            });
+            assert_eq!(answer, format!("found {id}"), "round {round}");
+            checked += 1;
+        }
+        let listed = s.ask(&format!("summaries {}", names[victim]), |l| {
+            l.starts_with("summaries")
+        });
+        let listed: HashSet<&str> = listed["summaries ".len()..].split(',').collect();
+        for id in &sums {
+            assert!(
+                listed.contains(id.to_string().as_str()),
+                "round {round}: summary {id} of the killed process not found"
+            );
+        }
+        assert_eq!(s.ask("check", |l| l.ends_with("consistent")), "consistent");
+        names[victim] = format!("p{victim}-{}", round + 1);
+        workers[victim] = Some(Worker::start(
+            &path,
+            Some(&names[victim]),
+            100 + round as u64,
+        ));
+    }
+    for w in workers.into_iter().flatten() {
+        w.kill();
+    }
+    let mem = harness(&path, None).await;
+    check_integrity(&mem).await;
+    println!(
+        "{rounds} rounds: {checked} acknowledged writes of killed processes found by the other"
+    );
+    assert!(checked > rounds, "the workers did some work");
+}
+
+// ---------------------------------------------------------------------------------------
 // Disk full
 
 /// Unmounts on drop.
