@@ -745,6 +745,125 @@ async fn disk_full_fails_cleanly_and_recovers() {
     mem.store().clone().close().unwrap();
 }
 
+/// Mounts a small tmpfs at `mount` (root only); false when it cannot.
+fn mount_tmpfs(mount: &std::path::Path, size: &str) -> bool {
+    std::fs::create_dir_all(mount).unwrap();
+    Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(mount)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Issue 16, item 2, on a full disk: a store of 2,000 memories (a snapshot of about 1 MB,
+/// due again after 200 new entries), 150 writes, then the disk filled to about 320 KB free,
+/// so the next snapshot fails while commits still fit. Every write that returned `Ok` is
+/// stored exactly once, every `Err` wrote nothing, and snapshot failures are counted in
+/// `stats`, not returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_full_snapshots_never_fail_a_committed_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("small");
+    if !mount_tmpfs(&mount, "32m") {
+        eprintln!("skipped: mounting a tmpfs needs root (CAP_SYS_ADMIN)");
+        return;
+    }
+    let _guard = Mount(mount.clone());
+    let path = mount.join("full.db");
+    {
+        let mem = harness(&path, None).await;
+        let many = (0..2_000)
+            .map(|i| NewMemory::new(MemoryKind::Knowledge, format!("base memory {i}")))
+            .collect();
+        mem.add_many(many).await.unwrap();
+        mem.store().clone().close().unwrap();
+    }
+    let e = embedder();
+    let mem = MemoryHarness::builder(&path)
+        .embedder(e.clone())
+        .clock(Arc::new(cairn_core::ManualClock::new(now())))
+        .summarizer(Arc::new(ExtractiveSummarizer::new(e)))
+        .store_options(|o| o.snapshot_every = 1)
+        // The store's own writes are the point here, not the embedding cache's.
+        .embedding_cache(false)
+        .build()
+        .await
+        .unwrap();
+    let mut acked = Vec::new();
+    for i in 0..150 {
+        acked.push(mem.add_knowledge(format!("early {i}")).await.unwrap());
+    }
+    let base = mem.stats().await.unwrap().store.total - acked.len();
+    // Fill the disk with 64 KiB files, then free five of them.
+    let mut ballast = Vec::new();
+    loop {
+        let f = mount.join(format!("ballast-{}", ballast.len()));
+        if std::fs::write(&f, vec![0u8; 1 << 16]).is_err() {
+            let _ = std::fs::remove_file(&f);
+            break;
+        }
+        ballast.push(f);
+    }
+    for f in ballast.drain(ballast.len() - 5..) {
+        std::fs::remove_file(f).unwrap();
+    }
+    let mut failed = 0;
+    let mut snapshot_failures_seen = 0;
+    for i in 0..20_000 {
+        let text = format!("memory {i} {}", WORDS[i % WORDS.len()].repeat(8));
+        match mem.add_knowledge(text).await {
+            Ok(id) => acked.push(id),
+            Err(e) => {
+                assert!(
+                    matches!(e, HarnessError::Store(StoreError::DiskFull)),
+                    "{e:?}"
+                );
+                failed += 1;
+            }
+        }
+        let total = mem.stats().await.unwrap().store.total;
+        assert_eq!(
+            total,
+            base + acked.len(),
+            "write {i}: stored once per Ok, never on Err"
+        );
+        snapshot_failures_seen = mem.stats().await.unwrap().store.snapshot_failures;
+        if failed >= 3 {
+            break;
+        }
+    }
+    println!(
+        "{} writes acknowledged, {failed} refused, {snapshot_failures_seen} snapshot failures after commits",
+        acked.len()
+    );
+    assert!(failed >= 3, "the disk never filled");
+    assert!(
+        snapshot_failures_seen > 0,
+        "snapshots failed after committed writes"
+    );
+    for f in ballast {
+        std::fs::remove_file(f).unwrap();
+    }
+    mem.add_knowledge("written after space was freed")
+        .await
+        .unwrap();
+    let stats = mem.stats().await.unwrap().store;
+    assert_eq!(stats.last_snapshot_error, None, "the snapshot was retried");
+    mem.store().clone().close().unwrap();
+    drop(mem);
+    let mem = harness(&path, None).await;
+    for id in &acked {
+        mem.get(*id).await.unwrap();
+    }
+    assert_eq!(
+        mem.stats().await.unwrap().store.total,
+        base + acked.len() + 1
+    );
+    check_integrity(&mem).await;
+    mem.store().clone().close().unwrap();
+}
+
 // ---------------------------------------------------------------------------------------
 // Summarizer faults
 
