@@ -206,6 +206,9 @@ pub struct ConsolidationReport {
     pub elapsed: Duration,
     /// Time spent in the summarizer.
     pub summarizer_time: Duration,
+    /// Stale summaries re-summarized from their current sources (see
+    /// [`MemoryHarness::refresh_summary`]), lowest level first.
+    pub refreshed: Vec<MemoryId>,
 }
 
 impl ConsolidationReport {
@@ -224,10 +227,11 @@ impl std::fmt::Display for ConsolidationReport {
             .collect();
         write!(
             f,
-            "{} summaries ({}), {} memories covered, {} failed, {} tails waiting{}, {:.2} s ({:.2} s summarizing)",
+            "{} summaries ({}), {} memories covered, {} refreshed, {} failed, {} tails waiting{}, {:.2} s ({:.2} s summarizing)",
             self.chunks(),
             if levels.is_empty() { "none".to_owned() } else { levels.join(", ") },
             self.memories_covered,
+            self.refreshed.len(),
             self.failures.len(),
             self.deferred_tails,
             if self.cancelled { ", cancelled" } else { "" },
@@ -404,6 +408,12 @@ impl MemoryHarness {
         let mut stats: HashMap<ThreadId, Arc<TermStats>> = HashMap::new();
         let gap = chrono::Duration::from_std(policy.session_gap)
             .map_err(|_| HarnessError::Config("session_gap is too large".into()))?;
+        // Stale summaries first (their sources changed or were detached), lowest level
+        // first, so roll-ups written below read their current text.
+        for thread in &threads {
+            self.refresh_stale(thread.as_ref(), &policy, &mut report)
+                .await?;
+        }
         'levels: for level in 0..policy.max_level {
             for thread in &threads {
                 let mut filter = Filter::all().levels(level, level);
@@ -596,6 +606,136 @@ impl MemoryHarness {
 }
 
 impl MemoryHarness {
+    /// Re-summarizes one stale (or any) summary from its current sources with the harness's
+    /// summarizer and the default consolidation budget and timeout, clears its stale flag
+    /// and marks the summaries above it stale (`consolidate` refreshes those in turn).
+    /// `NotASummary` for a memory that is not one; a summarizer failure is an error and
+    /// changes nothing.
+    pub async fn refresh_summary(&self, id: MemoryId) -> Result<MemoryUnit> {
+        let unit = self.get(id).await?;
+        if unit.kind != MemoryKind::Summary {
+            return Err(cairn_store::StoreError::NotASummary { id }.into());
+        }
+        let policy = ConsolidationPolicy::older_than(Duration::ZERO);
+        let stats = match &unit.thread_id {
+            Some(t) => Some(self.thread_term_stats(t.clone(), None, &policy).await?),
+            None => None,
+        };
+        self.resummarize(&unit, stats, &policy).await
+    }
+
+    /// Term statistics of a thread's raw memories (those before `cutoff` when given).
+    async fn thread_term_stats(
+        &self,
+        thread: ThreadId,
+        cutoff: Option<chrono::DateTime<chrono::Utc>>,
+        policy: &ConsolidationPolicy,
+    ) -> Result<Arc<TermStats>> {
+        let mut f = Filter::all().levels(0, 0).thread(thread);
+        f.before = cutoff;
+        f.kinds = policy.kinds.clone();
+        let inner = self.inner.clone();
+        let texts = blocking(move || inner.store.texts(&f)).await??;
+        Ok(Arc::new(term_stats(&texts)))
+    }
+
+    /// Refreshes the stale summaries of `thread` (thread-less ones for `None`), level by
+    /// level: refreshing a summary marks the one above it stale, which the next level picks
+    /// up. A summarizer failure is reported and leaves the summary stale for the next pass.
+    async fn refresh_stale(
+        &self,
+        thread: Option<&ThreadId>,
+        policy: &ConsolidationPolicy,
+        report: &mut ConsolidationReport,
+    ) -> Result<()> {
+        let mut stats = None;
+        let mut failed: HashSet<MemoryId> = HashSet::new();
+        for level in 1..=policy.max_level {
+            let mut f = Filter::all()
+                .kinds([MemoryKind::Summary])
+                .levels(level, level);
+            f.thread = thread.cloned();
+            let inner = self.inner.clone();
+            // Summaries are few next to turns; a level's stale ones are read in pages.
+            loop {
+                let inner = inner.clone();
+                let f = f.clone();
+                let mut page = blocking(move || inner.store.stale_summaries(&f, 256)).await??;
+                if thread.is_none() {
+                    page.retain(|m| m.thread_id.is_none());
+                }
+                page.retain(|m| !failed.contains(&m.id));
+                if page.is_empty() {
+                    break;
+                }
+                for unit in page {
+                    if stats.is_none() {
+                        if let Some(t) = thread {
+                            stats = Some(self.thread_term_stats(t.clone(), None, policy).await?);
+                        }
+                    }
+                    let t = Instant::now();
+                    let outcome = self.resummarize(&unit, stats.clone(), policy).await;
+                    report.summarizer_time += t.elapsed();
+                    match outcome {
+                        Ok(fresh) => report.refreshed.push(fresh.id),
+                        Err(HarnessError::Summarize(e)) => {
+                            failed.insert(unit.id);
+                            report.failures.push(ChunkFailure {
+                                level: unit.level,
+                                thread: unit.thread_id.clone(),
+                                memory_ids: vec![unit.id],
+                                reason: format!("refreshing a stale summary: {e}"),
+                            });
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a new text for `unit` from its current sources (see [`Self::refresh_summary`]).
+    async fn resummarize(
+        &self,
+        unit: &MemoryUnit,
+        stats: Option<Arc<TermStats>>,
+        policy: &ConsolidationPolicy,
+    ) -> Result<MemoryUnit> {
+        let id = unit.id;
+        let inner = self.inner.clone();
+        let sources = blocking(move || inner.store.sources(id)).await??;
+        let request = SummaryRequest {
+            previous: None,
+            items: summary_items(&sources),
+            max_tokens: policy.summary_tokens,
+            level: unit.level.max(1),
+            term_stats: stats.clone(),
+        };
+        let text = checked_summary(
+            self.inner.summarizer.as_ref(),
+            &request,
+            policy.timeout,
+            self.inner.token_counter.as_ref(),
+        )
+        .await?;
+        let mut metadata = unit.metadata.clone();
+        metadata.insert(
+            "consolidation".into(),
+            serde_json::json!({ "summarizer": self.inner.summarizer.name() }),
+        );
+        let keywords = summary_keywords(&text, stats.as_deref().unwrap_or(&TermStats::new()), 8);
+        metadata.insert("keywords".into(), keywords.into());
+        let source_ids: Vec<MemoryId> = sources.iter().map(|m| m.id).collect();
+        let inner = self.inner.clone();
+        blocking(move || -> Result<MemoryUnit> {
+            let v = blended_vector(&inner, &text, &source_ids)?;
+            Ok(inner.store.refresh_summary(id, text, Some(metadata), v)?)
+        })
+        .await?
+    }
+
     /// Writes a consolidation summary with a vector that stands for both what it says and
     /// what it covers: the mean of its text's embedding and its sources' centroid (each
     /// unit length). An extractive summary keeps a quarter of its sources' words; the
@@ -604,30 +744,40 @@ impl MemoryHarness {
     async fn add_summary_blended(&self, summary: NewSummary) -> Result<MemoryUnit> {
         let inner = self.inner.clone();
         blocking(move || -> Result<MemoryUnit> {
-            let text = inner.embedder.embed_one(&summary.content)?;
-            let mut centroid = vec![0f32; text.len()];
-            for id in &summary.source_ids {
-                let v = inner.store.embedding(*id)?;
-                if v.len() != centroid.len() {
-                    return Err(cairn_core::InputError::DimensionMismatch {
-                        expected: centroid.len(),
-                        got: v.len(),
-                    }
-                    .into());
-                }
-                for (c, x) in centroid.iter_mut().zip(&v) {
-                    *c += x;
-                }
-            }
-            let v = match cairn_core::normalized(centroid) {
-                Ok(c) => cairn_core::normalized(text.iter().zip(&c).map(|(a, b)| a + b).collect())
-                    .unwrap_or(text),
-                Err(_) => text,
-            };
+            let v = blended_vector(&inner, &summary.content, &summary.source_ids)?;
             Ok(inner.store.add_summary(summary, v)?)
         })
         .await?
     }
+}
+
+/// The mean of `text`'s embedding and the centroid of `sources`' embeddings (each unit
+/// length): a summary's vector (see `add_summary_blended`).
+fn blended_vector(
+    inner: &crate::harness::Inner,
+    text: &str,
+    sources: &[MemoryId],
+) -> Result<Vec<f32>> {
+    let text = inner.embedder.embed_one(text)?;
+    let mut centroid = vec![0f32; text.len()];
+    for id in sources {
+        let v = inner.store.embedding(*id)?;
+        if v.len() != centroid.len() {
+            return Err(cairn_core::InputError::DimensionMismatch {
+                expected: centroid.len(),
+                got: v.len(),
+            }
+            .into());
+        }
+        for (c, x) in centroid.iter_mut().zip(&v) {
+            *c += x;
+        }
+    }
+    Ok(match cairn_core::normalized(centroid) {
+        Ok(c) => cairn_core::normalized(text.iter().zip(&c).map(|(a, b)| a + b).collect())
+            .unwrap_or(text),
+        Err(_) => text,
+    })
 }
 
 /// Runs a summarizer with a timeout and checks what it returns: an empty text or one of more

@@ -559,3 +559,75 @@ async fn extractive_summaries_respect_the_budget() {
         Err(SummarizeError::NoInput)
     ));
 }
+
+/// Issue 16, item 4: stale summaries are refreshed from their current sources, lowest level
+/// first: a pass re-summarizes the level-1 summary over an updated turn, then the level-2
+/// summary above it (stale in turn); a detached turn leaves its summary's text. One summary
+/// can be refreshed on its own; a memory that is not a summary is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_summaries_are_refreshed_from_their_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = harness(&dir.path().join("stale.db"), None).await;
+    seed(&mem, 107, 4).await;
+    let policy = ConsolidationPolicy::older_than(Duration::from_secs(3600))
+        .fanout(3)
+        .thread(ThreadId::new("thread-0").unwrap());
+    mem.consolidate(policy.clone()).await.unwrap();
+    let turns = mem
+        .list(
+            Filter::all()
+                .thread(ThreadId::new("thread-0").unwrap())
+                .levels(0, 0),
+            0,
+            usize::MAX,
+        )
+        .await
+        .unwrap();
+    let first = turns[0].id;
+    let l1 = mem.summaries_of(first).await.unwrap()[0].clone();
+    let l2 = mem.summaries_of(l1.id).await.unwrap()[0].clone();
+    assert!(!l1.content.contains("xylophone"));
+    mem.update(
+        first,
+        "In thread 0 the xylophone recital moved to the harbour xylophone hall on Friday.",
+    )
+    .await
+    .unwrap();
+    assert!(mem.get(l1.id).await.unwrap().summary.unwrap().stale);
+    assert!(mem.get(l2.id).await.unwrap().summary.unwrap().stale);
+    let report = mem.consolidate(policy.clone()).await.unwrap();
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert_eq!(report.refreshed, vec![l1.id, l2.id], "lowest level first");
+    let fresh = mem.get(l1.id).await.unwrap();
+    assert!(!fresh.summary.as_ref().unwrap().stale);
+    assert!(
+        fresh.content.contains("xylophone"),
+        "the refreshed summary reads the updated turn: {}",
+        fresh.content
+    );
+    assert!(!mem.get(l2.id).await.unwrap().summary.unwrap().stale);
+    let stats = mem.stats().await.unwrap();
+    assert_eq!(stats.store.stale_summaries, 0);
+    // A summary that kept nothing of a detached turn's text after its refresh.
+    let sources = mem.expand_summary(l1.id).await.unwrap();
+    let gone = sources[0].id;
+    mem.delete_with(gone, cairn_store::DeletePolicy::Detach)
+        .await
+        .unwrap();
+    let again = mem.refresh_summary(l1.id).await.unwrap();
+    assert!(!again.content.contains("xylophone"), "{}", again.content);
+    assert!(!again.summary.as_ref().unwrap().stale);
+    assert_eq!(
+        again.summary.as_ref().unwrap().source_count,
+        sources.len() - 1
+    );
+    // The level above is stale again and the next pass refreshes it alone.
+    let report = mem.consolidate(policy).await.unwrap();
+    assert_eq!(report.refreshed, vec![l2.id]);
+    assert!(matches!(
+        mem.refresh_summary(turns[5].id).await,
+        Err(cairn_harness::HarnessError::Store(
+            cairn_store::StoreError::NotASummary { .. }
+        ))
+    ));
+}

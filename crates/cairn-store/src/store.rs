@@ -1016,6 +1016,25 @@ impl Store {
         })
     }
 
+    /// Stale summaries admitted by `filter` (see [`Self::refresh_summary`]), lowest level
+    /// first, then oldest: refreshing them in this order refreshes a summary's sources
+    /// before the summary. At most `limit`.
+    pub fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let (cond, mut args) = filter.sql();
+        args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+        self.read(|c| {
+            query_units(
+                c,
+                &format!(
+                    "WHERE m.kind = 'summary' AND m.stale = 1{cond} \
+                     ORDER BY m.level, m.created_at, m.rid LIMIT ?"
+                ),
+                &args,
+            )
+        })
+    }
+
     /// Memories admitted by `filter` that no summary at `parent_level` cites yet, oldest
     /// first (what consolidation still has to cover at that level).
     pub fn scan_uncovered(&self, filter: &Filter, parent_level: u32) -> Result<Vec<MemoryUnit>> {
