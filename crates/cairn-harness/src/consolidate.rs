@@ -69,6 +69,8 @@ pub struct ConsolidationPolicy {
     pub timeout: Duration,
     /// Checked between chunks: when set, the pass stops after the current chunk.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Memories read at a time at one level of one thread. Default 5,000.
+    pub page_size: usize,
 }
 
 impl ConsolidationPolicy {
@@ -87,7 +89,16 @@ impl ConsolidationPolicy {
             summary_tokens: 256,
             timeout: Duration::from_secs(120),
             stop: None,
+            page_size: 5_000,
         }
+    }
+
+    /// Sets how many memories a pass reads at a time at one level of one thread (default
+    /// 5,000; at least twice the chunk size and the fan-out, so that every full page yields
+    /// a chunk). The tree does not depend on it.
+    pub fn page_size(mut self, n: usize) -> Self {
+        self.page_size = n;
+        self
     }
 
     /// Sets the chunk size.
@@ -152,17 +163,20 @@ impl ConsolidationPolicy {
 
     fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(HarnessError::Config(m.to_owned()));
-        if self.chunk_size < 2 {
-            return bad("chunk_size must be at least 2");
+        if self.chunk_size < 2 || self.chunk_size > MAX_GROUP {
+            return bad("chunk_size must be in 2..=1000");
         }
-        if self.fanout < 2 {
-            return bad("fanout must be at least 2");
+        if self.fanout < 2 || self.fanout > MAX_GROUP {
+            return bad("fanout must be in 2..=1000");
         }
         if self.min_chunk == 0 || self.min_chunk > self.chunk_size {
             return bad("min_chunk must be in 1..=chunk_size");
         }
         if self.max_level == 0 {
             return bad("max_level must be at least 1");
+        }
+        if self.page_size < 2 * self.chunk_size.max(self.fanout) {
+            return bad("page_size must be at least twice chunk_size and fanout");
         }
         if self.summary_tokens == 0 {
             return bad("summary_tokens must be at least 1");
@@ -173,6 +187,9 @@ impl ConsolidationPolicy {
         Ok(())
     }
 }
+
+/// The largest chunk size or fan-out.
+const MAX_GROUP: usize = 1_000;
 
 /// A chunk that was not summarized.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -416,6 +433,11 @@ impl MemoryHarness {
         }
         'levels: for level in 0..policy.max_level {
             for thread in &threads {
+                // A level whose own chunks failed in this pass is incomplete: rolling it up
+                // now would group its summaries differently from a pass without failures.
+                if level > 0 && incomplete.contains(&(level, thread.clone())) {
+                    continue;
+                }
                 let mut filter = Filter::all().levels(level, level);
                 filter.before = Some(cutoff);
                 filter.kinds = if level == 0 {
@@ -424,100 +446,116 @@ impl MemoryHarness {
                     vec![MemoryKind::Summary]
                 };
                 filter.thread = thread.clone();
-                let inner = self.inner.clone();
-                let f = filter.clone();
-                let mut items =
-                    blocking(move || inner.store.scan_uncovered(&f, level + 1)).await??;
-                if thread.is_none() {
-                    items.retain(|m| m.thread_id.is_none());
-                }
-                // A level whose own chunks failed in this pass is incomplete: rolling it up
-                // now would group its summaries differently from a pass without failures.
-                if level > 0 && incomplete.contains(&(level, thread.clone())) {
-                    continue;
-                }
-                let size = if level == 0 {
-                    policy.chunk_size
-                } else {
-                    policy.fanout
-                };
-                let thread_stats = match thread {
-                    Some(t) if items.is_empty() => stats.get(t).cloned(),
-                    Some(t) => match stats.get(t) {
-                        Some(s) => Some(s.clone()),
-                        None => {
-                            let mut f = Filter::all().levels(0, 0).thread(t.clone());
-                            f.before = Some(cutoff);
-                            f.kinds = policy.kinds.clone();
-                            let inner = self.inner.clone();
-                            let texts = blocking(move || inner.store.texts(&f)).await??;
-                            let s = Arc::new(term_stats(&texts));
-                            stats.insert(t.clone(), s.clone());
-                            Some(s)
-                        }
-                    },
-                    None => None,
-                };
-                // Raw memories are chunked session by session; summaries roll up as one run.
-                let parts = if level == 0 {
-                    sessions(&items, gap)
-                } else {
-                    vec![&items[..]]
-                };
-                let mut chunks: Vec<&[MemoryUnit]> = Vec::new();
-                for (p, part) in parts.iter().enumerate() {
-                    let (mut cut, tail) = chunk(part, size);
-                    // Summaries roll up only in full groups of `fanout`; a raw tail waits for
-                    // more memories unless its session is over (another one follows), it is
-                    // long enough, or it is overdue.
-                    if level == 0 && !tail.is_empty() {
-                        let closed = p + 1 < parts.len();
-                        let overdue = tail
-                            .iter()
-                            .map(|m| m.created_at)
-                            .max()
-                            .is_some_and(|t| t < tail_cutoff);
-                        if (closed || tail.len() >= policy.min_chunk || overdue)
-                            && open_calls(tail).is_empty()
-                        {
-                            match cut.pop() {
-                                // A tiny tail joins the chunk before it, in its session.
-                                Some(last) if tail.len() < policy.min_chunk => {
-                                    let from = part.len() - tail.len() - last.len();
-                                    cut.push(&part[from..]);
-                                }
-                                last => {
-                                    cut.extend(last);
-                                    cut.push(tail);
-                                }
+                filter.thread_less = thread.is_none();
+                let page = policy.page_size;
+                // Page through what is uncovered, oldest first: a full page's last session
+                // waits for the next page, so the chunks are cut where one read would cut them.
+                loop {
+                    let inner = self.inner.clone();
+                    let f = filter.clone();
+                    let items =
+                        blocking(move || inner.store.scan_uncovered_page(&f, level + 1, page))
+                            .await??;
+                    let more = items.len() == page;
+                    let (written_before, failed_before_page) =
+                        (report.chunks(), report.failures.len());
+                    let size = if level == 0 {
+                        policy.chunk_size
+                    } else {
+                        policy.fanout
+                    };
+                    let thread_stats = match thread {
+                        Some(t) if items.is_empty() => stats.get(t).cloned(),
+                        Some(t) => match stats.get(t) {
+                            Some(s) => Some(s.clone()),
+                            None => {
+                                let mut f = Filter::all().levels(0, 0).thread(t.clone());
+                                f.before = Some(cutoff);
+                                f.kinds = policy.kinds.clone();
+                                let inner = self.inner.clone();
+                                let texts = blocking(move || inner.store.texts(&f)).await??;
+                                let s = Arc::new(term_stats(&texts));
+                                stats.insert(t.clone(), s.clone());
+                                Some(s)
                             }
-                        } else {
-                            report.deferred_tails += 1;
+                        },
+                        None => None,
+                    };
+                    // Raw memories are chunked session by session; summaries roll up as one run.
+                    let parts = if level == 0 {
+                        sessions(&items, gap)
+                    } else {
+                        vec![&items[..]]
+                    };
+                    let mut chunks: Vec<&[MemoryUnit]> = Vec::new();
+                    for (p, part) in parts.iter().enumerate() {
+                        let (mut cut, tail) = chunk(part, size);
+                        // Summaries roll up only in full groups of `fanout`; a raw tail waits for
+                        // more memories unless its session is over (another one follows), it is
+                        // long enough, or it is overdue.
+                        let last = p + 1 == parts.len();
+                        if more && last {
+                            // Cut by the page: continued from the next page.
+                            if !tail.is_empty() {
+                                report.deferred_tails += 1;
+                            }
+                        } else if level == 0 && !tail.is_empty() {
+                            let closed = !last;
+                            let overdue = tail
+                                .iter()
+                                .map(|m| m.created_at)
+                                .max()
+                                .is_some_and(|t| t < tail_cutoff);
+                            if (closed || tail.len() >= policy.min_chunk || overdue)
+                                && open_calls(tail).is_empty()
+                            {
+                                match cut.pop() {
+                                    // A tiny tail joins the chunk before it, in its session.
+                                    Some(last) if tail.len() < policy.min_chunk => {
+                                        let from = part.len() - tail.len() - last.len();
+                                        cut.push(&part[from..]);
+                                    }
+                                    last => {
+                                        cut.extend(last);
+                                        cut.push(tail);
+                                    }
+                                }
+                            } else {
+                                report.deferred_tails += 1;
+                            }
+                        }
+                        chunks.extend(cut);
+                    }
+                    for c in chunks {
+                        if policy
+                            .stop
+                            .as_ref()
+                            .is_some_and(|s| s.load(Ordering::SeqCst))
+                        {
+                            report.cancelled = true;
+                            break 'levels;
+                        }
+                        let failed_before = report.failures.len();
+                        self.summarize_chunk(
+                            c,
+                            level,
+                            thread.clone(),
+                            thread_stats.clone(),
+                            &policy,
+                            &mut report,
+                        )
+                        .await?;
+                        if report.failures.len() > failed_before {
+                            incomplete.insert((level + 1, thread.clone()));
                         }
                     }
-                    chunks.extend(cut);
-                }
-                for c in chunks {
-                    if policy
-                        .stop
-                        .as_ref()
-                        .is_some_and(|s| s.load(Ordering::SeqCst))
+                    // The next page, while this one made progress without failures (failed
+                    // chunks wait for the next pass rather than being retried in this one).
+                    if !more
+                        || report.chunks() == written_before
+                        || report.failures.len() > failed_before_page
                     {
-                        report.cancelled = true;
-                        break 'levels;
-                    }
-                    let failed_before = report.failures.len();
-                    self.summarize_chunk(
-                        c,
-                        level,
-                        thread.clone(),
-                        thread_stats.clone(),
-                        &policy,
-                        &mut report,
-                    )
-                    .await?;
-                    if report.failures.len() > failed_before {
-                        incomplete.insert((level + 1, thread.clone()));
+                        break;
                     }
                 }
             }
@@ -655,15 +693,16 @@ impl MemoryHarness {
                 .kinds([MemoryKind::Summary])
                 .levels(level, level);
             f.thread = thread.cloned();
+            f.thread_less = thread.is_none();
             let inner = self.inner.clone();
-            // Summaries are few next to turns; a level's stale ones are read in pages.
+            // A level's stale summaries are read in pages; those that failed stay stale
+            // for the next pass.
             loop {
                 let inner = inner.clone();
                 let f = f.clone();
-                let mut page = blocking(move || inner.store.stale_summaries(&f, 256)).await??;
-                if thread.is_none() {
-                    page.retain(|m| m.thread_id.is_none());
-                }
+                let skip = failed.len();
+                let mut page =
+                    blocking(move || inner.store.stale_summaries(&f, skip + 256)).await??;
                 page.retain(|m| !failed.contains(&m.id));
                 if page.is_empty() {
                     break;

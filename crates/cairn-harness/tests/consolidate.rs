@@ -631,3 +631,46 @@ async fn stale_summaries_are_refreshed_from_their_sources() {
         ))
     ));
 }
+
+/// Issue 16, item 7: consolidation reads what it has to cover a page at a time (and the
+/// thread-less pass reads thread-less memories only); the tree does not depend on the page
+/// size, including pages that cut a session and pages shorter than a level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paged_consolidation_builds_the_same_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.db");
+    {
+        let mem = harness(&base, None).await;
+        seed(&mem, 107, 4).await;
+        // Thread-less tool logs, old: the thread-less pass summarizes them alone.
+        let logs: Vec<NewMemory> = (0..30)
+            .map(|i| {
+                NewMemory::new(MemoryKind::ToolLog, format!("tool log {i}: ran the job"))
+                    .at(now() - chrono::Duration::days(10) + chrono::Duration::minutes(i))
+            })
+            .collect();
+        mem.add_many(logs).await.unwrap();
+        mem.store().clone().close().unwrap();
+    }
+    let mut trees = Vec::new();
+    for page in [5_000, 40, 47] {
+        let path = dir.path().join(format!("page-{page}.db"));
+        std::fs::copy(&base, &path).unwrap();
+        let mem = harness(&path, None).await;
+        let policy = ConsolidationPolicy::older_than(Duration::from_secs(3600))
+            .fanout(3)
+            .page_size(page);
+        let report = mem.consolidate(policy).await.unwrap();
+        assert!(report.failures.is_empty());
+        trees.push(forest(&mem, None).await);
+    }
+    assert!(trees[0].iter().any(|s| s.contains("tool log")));
+    assert_eq!(trees[1], trees[0], "pages of 40");
+    assert_eq!(trees[2], trees[0], "pages of 47");
+    let dir2 = tempfile::tempdir().unwrap();
+    let mem = harness(&dir2.path().join("bad.db"), None).await;
+    assert!(mem
+        .consolidate(ConsolidationPolicy::older_than(Duration::from_secs(1)).page_size(39))
+        .await
+        .is_err());
+}

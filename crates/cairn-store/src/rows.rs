@@ -186,6 +186,10 @@ pub struct Filter {
     pub kinds: Vec<MemoryKind>,
     /// Only this thread.
     pub thread: Option<ThreadId>,
+    /// Only memories of no thread (knowledge, thread-less summaries...). Cannot be combined
+    /// with `thread`.
+    #[serde(default)]
+    pub thread_less: bool,
     /// Only levels at or above.
     pub min_level: Option<u32>,
     /// Only levels at or below.
@@ -214,6 +218,12 @@ impl Filter {
         self
     }
 
+    /// Restricts to memories of no thread.
+    pub fn thread_less(mut self) -> Self {
+        self.thread_less = true;
+        self
+    }
+
     /// Restricts to a level range (inclusive).
     pub fn levels(mut self, min: u32, max: u32) -> Self {
         self.min_level = Some(min);
@@ -235,6 +245,13 @@ impl Filter {
 
     /// Checks the ranges.
     pub fn validate(&self) -> Result<(), InputError> {
+        if self.thread_less && self.thread.is_some() {
+            return Err(InputError::OutOfRange {
+                name: "thread_less",
+                value: "true".into(),
+                expected: "false when a thread is given",
+            });
+        }
         if let (Some(a), Some(b)) = (self.after, self.before) {
             if a > b {
                 return Err(InputError::InvalidTimeRange);
@@ -267,6 +284,9 @@ impl Filter {
         if let Some(t) = &self.thread {
             sql.push_str(" AND m.thread_id = ?");
             args.push(Value::Text(t.as_str().to_owned()));
+        }
+        if self.thread_less {
+            sql.push_str(" AND m.thread_id IS NULL");
         }
         if let Some(l) = self.min_level {
             sql.push_str(" AND m.level >= ?");

@@ -1038,9 +1038,21 @@ impl Store {
     /// Memories admitted by `filter` that no summary at `parent_level` cites yet, oldest
     /// first (what consolidation still has to cover at that level).
     pub fn scan_uncovered(&self, filter: &Filter, parent_level: u32) -> Result<Vec<MemoryUnit>> {
+        self.scan_uncovered_page(filter, parent_level, usize::MAX)
+    }
+
+    /// The oldest `limit` of [`Self::scan_uncovered`]: covering them and asking again pages
+    /// through the rest.
+    pub fn scan_uncovered_page(
+        &self,
+        filter: &Filter,
+        parent_level: u32,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
         let (cond, mut args) = filter.sql();
         args.push(Value::Integer(i64::from(parent_level)));
+        args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         self.read(|c| {
             query_units(
                 c,
@@ -1048,7 +1060,7 @@ impl Store {
                     "WHERE 1 = 1{cond} AND NOT EXISTS (SELECT 1 FROM summary_sources l
                         JOIN memories p ON p.rid = l.summary
                         WHERE l.source = m.rid AND p.level = ?)
-                     ORDER BY m.created_at, m.rid"
+                     ORDER BY m.created_at, m.rid LIMIT ?"
                 ),
                 &args,
             )
@@ -1213,6 +1225,8 @@ impl Store {
                     Some(k) => Some(k),
                     None => return Ok(Vec::new()),
                 },
+                // Key 0 is "no thread".
+                None if filter.thread_less => Some(0),
                 None => None,
             };
             let mut n = attrs.map.len();
