@@ -368,6 +368,17 @@ impl VectorIndex {
         *a = attrs;
     }
 
+    /// Takes over `fresh`'s graph and live attributes (a rebuild made off the writer
+    /// thread, brought up to date by the caller).
+    pub fn swap_in(&self, fresh: VectorIndex) {
+        let graph = fresh.graph.into_inner().unwrap_or_else(|p| p.into_inner());
+        let attrs = fresh.attrs.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut g = write_lock(&self.graph);
+        let mut a = write_lock(&self.attrs);
+        *g = graph;
+        *a = attrs;
+    }
+
     /// Sets the live attributes after loading a snapshot; returns the vids that are live in
     /// SQLite but missing from the graph (to be inserted).
     pub fn adopt_live(&self, live: Vec<(usize, Attr)>) -> Vec<usize> {

@@ -124,6 +124,10 @@ pub struct StoreOptions {
     /// twice as many). A process that falls further behind re-reads every row's index
     /// attributes once instead. Default 100,000.
     pub index_log_keep: usize,
+    /// Rebuild the index (when tombstones pass their threshold) on a thread of its own and
+    /// swap it in when done, so that writes go on meanwhile; false rebuilds inside the
+    /// write that crossed the threshold. Default true.
+    pub background_rebuild: bool,
     /// The clock for default `created_at` values.
     pub clock: Arc<dyn Clock>,
 }
@@ -144,6 +148,7 @@ impl StoreOptions {
             exact_scan_factor: 24.0,
             synchronous_full: false,
             index_log_keep: 100_000,
+            background_rebuild: true,
             clock: Arc::new(SystemClock),
         }
     }

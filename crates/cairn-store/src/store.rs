@@ -165,6 +165,18 @@ struct Shared {
     resyncs: AtomicUsize,
     /// Snapshot failures after commit, and the last one's message (cleared on success).
     snapshot_failures: Mutex<(usize, Option<String>)>,
+    /// A rebuild made off the writer thread, waiting to be swapped in.
+    rebuilt: Arc<Mutex<Option<Rebuilt>>>,
+    /// Set while a background rebuild runs (or waits to be swapped in).
+    rebuilding: Arc<AtomicBool>,
+    rebuild_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A rebuilt index, the index-log position its rows were read at, and why it was built.
+struct Rebuilt {
+    index: VectorIndex,
+    head: i64,
+    why: String,
 }
 
 struct Inner {
@@ -318,6 +330,9 @@ impl Store {
             foreign: AtomicUsize::new(0),
             resyncs: AtomicUsize::new(0),
             snapshot_failures: Mutex::new((0, None)),
+            rebuilt: Arc::new(Mutex::new(None)),
+            rebuilding: Arc::new(AtomicBool::new(false)),
+            rebuild_thread: Mutex::new(None),
         });
         // The log position first, then the rows: a write committed in between is in both,
         // and applying it again is harmless.
@@ -325,7 +340,7 @@ impl Store {
         let live = live_rows(&conn, &shared.index)?;
         match reason {
             None => {
-                let missing = adopt_rows(&conn, &shared, live)?;
+                let missing = adopt_rows(&conn, &shared.index, live)?;
                 if missing > 0 {
                     tracing::info!(rows = missing, "index caught up from SQLite");
                 }
@@ -377,6 +392,8 @@ impl Store {
     /// Closes the store: waits for queued writes and writes the index snapshot. Dropping the
     /// last handle does the same but cannot report errors.
     pub fn close(self) -> Result<()> {
+        // A background rebuild finishes and is swapped in (and snapshotted on close).
+        self.settle()?;
         let inner = self.inner;
         let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         drop(tx);
@@ -447,12 +464,39 @@ impl Store {
         out
     }
 
+    /// Waits for a background index rebuild, if one is running, and swaps it in (see
+    /// [`StoreOptions::background_rebuild`]). Searches never need this: they use the old
+    /// index until the new one is ready.
+    pub fn settle(&self) -> Result<()> {
+        let handle = self
+            .inner
+            .shared
+            .rebuild_thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = handle {
+            if h.join().is_err() {
+                tracing::warn!("the index rebuild thread panicked");
+                self.inner.shared.rebuilding.store(false, Ordering::SeqCst);
+            }
+            self.write(|_, _| Ok(()))?;
+        }
+        Ok(())
+    }
+
     /// Catches the index up with other handles' committed writes when there are any: one
     /// indexed look-up in the index log when there are none.
     fn sync(&self) -> Result<()> {
         let shared = &self.inner.shared;
         let seen = shared.seen.load(Ordering::SeqCst);
-        let behind = shared.resync.load(Ordering::SeqCst)
+        let rebuilt = shared
+            .rebuilt
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        let behind = rebuilt
+            || shared.resync.load(Ordering::SeqCst)
             || self.read(|c| {
                 Ok(c.prepare_cached(
                     "SELECT EXISTS (SELECT 1 FROM index_log WHERE seq > ?1 AND origin != ?2) \
@@ -516,7 +560,7 @@ impl Store {
             let tx = begin(conn)?;
             let mut vids = Vec::with_capacity(prepared.len());
             for (unit, v) in &prepared {
-                vids.push(insert_row(&tx, shared, unit, v)?);
+                vids.push(insert_row(&tx, shared, unit, v)?.0);
             }
             tx.commit()?;
             let entries: Vec<Entry<'_>> = prepared
@@ -589,8 +633,7 @@ impl Store {
                     stale: false,
                 }),
             };
-            let vid = insert_row(&tx, shared, &unit, &v)?;
-            let rid = tx.last_insert_rowid();
+            let (vid, rid) = insert_row(&tx, shared, &unit, &v)?;
             let mut link = tx.prepare_cached(
                 "INSERT INTO summary_sources (summary, source, position) VALUES (?1, ?2, ?3)",
             )?;
@@ -1591,7 +1634,13 @@ fn next_vid(tx: &Transaction<'_>) -> Result<usize> {
     Ok(vid_usize(next))
 }
 
-fn insert_row(tx: &Transaction<'_>, shared: &Shared, u: &MemoryUnit, v: &[f32]) -> Result<usize> {
+/// Writes a memory's row and keyword row and logs its vid; returns (vid, rid).
+fn insert_row(
+    tx: &Transaction<'_>,
+    shared: &Shared,
+    u: &MemoryUnit,
+    v: &[f32],
+) -> Result<(usize, i64)> {
     let exists: bool = tx
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM memories WHERE id = ?1)")?
         .query_row(params![u.id.as_bytes()], |r| r.get(0))?;
@@ -1628,7 +1677,7 @@ fn insert_row(tx: &Transaction<'_>, shared: &Shared, u: &MemoryUnit, v: &[f32]) 
     tx.prepare_cached("INSERT INTO memories_fts (rowid, content) VALUES (?1, ?2)")?
         .execute(params![rid, u.content])?;
     log_vids(tx, shared, [vid])?;
-    Ok(vid)
+    Ok((vid, rid))
 }
 
 /// A random id for this handle's entries in the index log.
@@ -1674,6 +1723,7 @@ fn log_vids(
 /// another `Store` on the same file): runs on the writer thread before and after each job.
 /// A failure is logged and leaves a full re-read for the next call; it never fails the job.
 fn sync_index(conn: &mut Connection, shared: &Shared) {
+    swap_rebuilt(conn, shared);
     if let Err(e) = try_sync_index(conn, shared) {
         tracing::warn!(error = %e, "catching the index up with other writers failed; retried at the next call");
         shared.resync.store(true, Ordering::SeqCst);
@@ -1685,7 +1735,7 @@ fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
     if shared.resync.load(Ordering::SeqCst) || log_pruned(conn)? > seen {
         let head = log_head(conn)?;
         let live = live_rows(conn, &shared.index)?;
-        let adopted = adopt_rows(conn, shared, live)?;
+        let adopted = adopt_rows(conn, &shared.index, live)?;
         shared.seen.store(head, Ordering::SeqCst);
         shared.resync.store(false, Ordering::SeqCst);
         shared.resyncs.fetch_add(1, Ordering::Relaxed);
@@ -1711,7 +1761,7 @@ fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
     if !foreign.is_empty() {
         foreign.sort_unstable();
         foreign.dedup();
-        apply_vids(conn, shared, &foreign)?;
+        apply_vids(conn, &shared.index, &foreign)?;
         shared.foreign.fetch_add(foreign.len(), Ordering::Relaxed);
     }
     shared.seen.store(head, Ordering::SeqCst);
@@ -1732,7 +1782,7 @@ fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
 
 /// Sets the index entries of `vids` to what their rows hold now: inserted (vector read from
 /// SQLite) or re-attributed when the row exists, removed when it does not.
-fn apply_vids(conn: &Connection, shared: &Shared, vids: &[usize]) -> Result<()> {
+fn apply_vids(conn: &Connection, index: &VectorIndex, vids: &[usize]) -> Result<()> {
     let mut stmt = conn
         .prepare_cached("SELECT kind, level, created_at, thread_id FROM memories WHERE vid = ?1")?;
     let mut live = Vec::new();
@@ -1755,42 +1805,41 @@ fn apply_vids(conn: &Connection, shared: &Shared, vids: &[usize]) -> Result<()> 
                     kind: kind.parse()?,
                     level,
                     created_at,
-                    thread: shared.index.intern(thread.as_deref()),
+                    thread: index.intern(thread.as_deref()),
                 },
             )),
             None => gone.push(*vid),
         }
     }
-    shared.index.remove(&gone);
-    adopt_rows_partial(conn, shared, live)?;
+    index.remove(&gone);
+    adopt_rows_partial(conn, index, live)?;
     Ok(())
 }
 
 /// Makes the index hold exactly `live` (every row's vid and attributes): entries without a
 /// row are removed, rows without an entry inserted. Returns how many were inserted.
-fn adopt_rows(conn: &Connection, shared: &Shared, live: Vec<(usize, Attr)>) -> Result<usize> {
+fn adopt_rows(conn: &Connection, index: &VectorIndex, live: Vec<(usize, Attr)>) -> Result<usize> {
     let rows: HashSet<usize> = live.iter().map(|(v, _)| *v).collect();
-    let orphans: Vec<usize> = shared
-        .index
+    let orphans: Vec<usize> = index
         .attrs()
         .map
         .keys()
         .filter(|v| !rows.contains(v))
         .copied()
         .collect();
-    shared.index.remove(&orphans);
-    adopt_rows_partial(conn, shared, live)
+    index.remove(&orphans);
+    adopt_rows_partial(conn, index, live)
 }
 
 /// Sets the attributes of the given rows' entries, inserting those the graph lacks (vectors
 /// read from SQLite). Returns how many were inserted.
 fn adopt_rows_partial(
     conn: &Connection,
-    shared: &Shared,
+    index: &VectorIndex,
     live: Vec<(usize, Attr)>,
 ) -> Result<usize> {
     let attrs: HashMap<usize, Attr> = live.iter().copied().collect();
-    let missing = shared.index.adopt_live(live);
+    let missing = index.adopt_live(live);
     if missing.is_empty() {
         return Ok(0);
     }
@@ -1805,7 +1854,7 @@ fn adopt_rows_partial(
             })
         })
         .collect();
-    shared.index.insert(&entries);
+    index.insert(&entries);
     Ok(entries.len())
 }
 
@@ -2040,18 +2089,150 @@ fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
     let o = &shared.options;
     let limit = (o.tombstone_ratio * h.points as f64).max(o.tombstone_min as f64);
     if h.tombstones as f64 > limit {
-        rebuild(
-            conn,
-            shared,
-            Some(format!("{} deleted entries", h.tombstones)),
-        )?;
-        snapshot(shared)?;
+        let why = format!("{} deleted entries", h.tombstones);
+        if o.background_rebuild {
+            start_rebuild(shared, why);
+        } else {
+            rebuild(conn, shared, Some(why))?;
+            snapshot(shared)?;
+        }
     } else if o.snapshot_every > 0 && h.unsnapshotted >= o.snapshot_every.max(h.points / 10) {
         // A snapshot rewrites the whole graph: spacing them by a tenth of the index keeps
         // the bytes written per new entry constant as the store grows.
         snapshot(shared)?;
     }
     Ok(())
+}
+
+/// Starts rebuilding the index on a thread of its own, unless a rebuild is under way: it
+/// reads the rows, their vectors and the index-log position in one read transaction and
+/// builds a fresh graph; the writer thread swaps it in at its next job (`swap_rebuilt`).
+fn start_rebuild(shared: &Shared, why: String) {
+    if shared.rebuilding.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let path = shared.path.clone();
+    let options = shared.options.clone();
+    let slot = Arc::clone(&shared.rebuilt);
+    let flag = Arc::clone(&shared.rebuilding);
+    let spawned = std::thread::Builder::new()
+        .name("cairn-rebuild".into())
+        .spawn(move || match build_fresh(&path, &options) {
+            Ok((index, head)) => {
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Rebuilt { index, head, why });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "background index rebuild failed; retried at the next write");
+                flag.store(false, Ordering::SeqCst);
+            }
+        });
+    match spawned {
+        Ok(h) => {
+            let old = shared
+                .rebuild_thread
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(h);
+            if let Some(old) = old {
+                let _ = old.join();
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the index rebuild thread; retried at the next write");
+            shared.rebuilding.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A fresh index of every row (see [`start_rebuild`]), with the index-log position the rows
+/// were read at.
+fn build_fresh(path: &Path, options: &StoreOptions) -> Result<(VectorIndex, i64)> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    schema::tune(&conn)?;
+    let fresh = VectorIndex::empty(options.hnsw, &options.model_id, options.dim);
+    // One read transaction: the log position, the rows and their vectors agree.
+    conn.execute_batch("BEGIN")?;
+    let head = log_head(&conn)?;
+    let live: HashMap<usize, Attr> = live_rows(&conn, &fresh)?.into_iter().collect();
+    let vecs = vectors(&conn, None)?;
+    conn.execute_batch("COMMIT")?;
+    let entries: Vec<Entry<'_>> = vecs
+        .iter()
+        .filter_map(|(vid, v)| {
+            live.get(vid).map(|a| Entry {
+                vid: *vid,
+                vector: v,
+                attr: *a,
+            })
+        })
+        .collect();
+    fresh.replace_with(&entries);
+    Ok((fresh, head))
+}
+
+/// Swaps a finished background rebuild in (writer thread): first it applies every index
+/// change logged after its rows were read, by this handle or any other, so the swapped-in
+/// index misses nothing that was acknowledged meanwhile. Failures are logged; the old index
+/// stays and a later write starts another rebuild.
+fn swap_rebuilt(conn: &Connection, shared: &Shared) {
+    let Some(r) = shared
+        .rebuilt
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    else {
+        return;
+    };
+    let caught_up = (|| -> Result<()> {
+        if log_pruned(conn)? > r.head {
+            let live = live_rows(conn, &r.index)?;
+            adopt_rows(conn, &r.index, live)?;
+        } else {
+            let mut stmt = conn.prepare_cached("SELECT vid FROM index_log WHERE seq > ?1")?;
+            let mut vids: Vec<usize> = stmt
+                .query_map(params![r.head], |x| x.get::<_, i64>(0))?
+                .map(|v| v.map(vid_usize))
+                .collect::<rusqlite::Result<_>>()?;
+            vids.sort_unstable();
+            vids.dedup();
+            apply_vids(conn, &r.index, &vids)?;
+        }
+        Ok(())
+    })();
+    shared.rebuilding.store(false, Ordering::SeqCst);
+    match caught_up {
+        Ok(()) => {
+            shared.index.swap_in(r.index);
+            let mut n = shared.rebuilds.lock().unwrap_or_else(|p| p.into_inner());
+            n.0 += 1;
+            n.1 = Some(r.why);
+            drop(n);
+            after_commit_snapshot(shared);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "a background index rebuild could not catch up; dropped")
+        }
+    }
+}
+
+/// Writes a snapshot after the index changed under a committed state: a failure is logged
+/// and counted like [`after_commit`]'s.
+fn after_commit_snapshot(shared: &Shared) {
+    if let Err(e) = snapshot(shared) {
+        tracing::warn!(error = %e, "index snapshot failed; retried later");
+        let mut f = shared
+            .snapshot_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        f.0 += 1;
+        f.1 = Some(e.to_string());
+    }
 }
 
 fn rebuild(conn: &Connection, shared: &Shared, why: Option<String>) -> Result<()> {

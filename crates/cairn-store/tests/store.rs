@@ -717,12 +717,76 @@ fn tombstones_trigger_a_rebuild() {
     assert_eq!(s.index.tombstones, 25);
     assert_eq!(s.rebuilds, 0);
     store.delete(ids[25], DeletePolicy::Restrict).unwrap();
+    // The rebuild runs on its own thread; `settle` waits for it and swaps it in.
+    store.settle().unwrap();
     let s = store.stats().unwrap();
     assert_eq!(s.rebuilds, 1);
     assert_eq!(
         (s.index.points, s.index.tombstones, s.index.live),
         (74, 0, 74)
     );
+}
+
+/// Issue 16, item 7: the tombstone rebuild runs off the writer thread. Writes made while it
+/// runs (inserts, deletes, summaries that change levels) are all in the index it swaps in,
+/// and the same holds for a rebuild inside the write (`background_rebuild: false`).
+#[test]
+fn writes_during_a_background_rebuild_are_kept() {
+    for background in [true, false] {
+        let dir = tmp();
+        let mut opts = options(8);
+        opts.tombstone_min = 50;
+        opts.tombstone_ratio = 0.05;
+        opts.background_rebuild = background;
+        let store = Store::open(dir.path().join("bg.db"), opts).unwrap();
+        let mut rng = StdRng::seed_from_u64(6);
+        let items = (0..3_000)
+            .map(|i| (turn("t", i), random_unit(&mut rng, 8)))
+            .collect();
+        let ids: Vec<MemoryId> = store
+            .insert_batch(items)
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        // 160 deletes cross the threshold (150); the rest of the work follows at once.
+        for id in &ids[..160] {
+            store.delete(*id, DeletePolicy::Restrict).unwrap();
+        }
+        let mut added = Vec::new();
+        for i in 0..200 {
+            let v = random_unit(&mut rng, 8);
+            added.push((store.insert(turn("u", i), v.clone()).unwrap().id, v));
+        }
+        for id in &ids[160..200] {
+            store.delete(*id, DeletePolicy::Restrict).unwrap();
+        }
+        let s = store
+            .add_summary(
+                NewSummary::new("over u", added.iter().take(3).map(|(id, _)| *id).collect())
+                    .with_thread(Some(ThreadId::new("u").unwrap())),
+                random_unit(&mut rng, 8),
+            )
+            .unwrap();
+        store.settle().unwrap();
+        let stats = store.stats().unwrap();
+        assert!(stats.rebuilds >= 1, "background {background}: rebuilt");
+        let check = store.check_index().unwrap();
+        assert!(check.is_consistent(), "background {background}: {check:?}");
+        assert_eq!(check.rows, 3_000 - 200 + 200 + 1);
+        let u = Filter::all().thread(ThreadId::new("u").unwrap());
+        for (id, v) in added.iter().step_by(10) {
+            let hits = store.search_vector(v.clone(), 1, &u, None).unwrap();
+            assert_eq!(hits[0].memory.id, *id);
+        }
+        let level1 = Filter::all().kinds([MemoryKind::Summary]).levels(1, 1);
+        let found = store
+            .search_vector(random_unit(&mut rng, 8), 5, &level1, None)
+            .unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].memory.id, s.id);
+        store.close().unwrap();
+    }
 }
 
 #[test]
