@@ -49,7 +49,8 @@ enum SummarizerChoice {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Import memories (JSONL lines or a LoCoMo conversation); importing twice adds nothing.
+    /// Import memories (JSONL lines, a LoCoMo conversation, or a backup made by `cairn
+    /// export`, recognised by its header line); importing twice adds nothing.
     Import {
         file: PathBuf,
         #[arg(long, value_enum, default_value = "jsonl")]
@@ -133,9 +134,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write memories as JSONL (what `import` reads back).
+    /// Back up the whole store as JSONL: every memory, summaries with their links in order,
+    /// levels, times, metadata and stale flags (`cairn import FILE` restores it, ids kept).
+    /// With --memories: one thread's (or every) raw memory as plain import JSONL instead.
     Export {
+        /// Put each memory's vector in the backup (an import then skips the model).
+        #[arg(long, conflicts_with = "memories")]
+        with_embeddings: bool,
+        /// Raw memories only, as the lines `import --format jsonl` reads (not a backup).
         #[arg(long)]
+        memories: bool,
+        /// With --memories: this thread only.
+        #[arg(long, requires = "memories")]
         thread: Option<String>,
     },
     /// Rebuild the vector index from the stored embeddings.
@@ -293,6 +303,18 @@ fn draw(t: &SummaryTree, depth: usize, out: &mut String) {
     }
 }
 
+/// Whether the file's first non-blank line is a backup header.
+fn starts_as_backup(file: &Path) -> Result<bool> {
+    let f = std::fs::File::open(file).with_context(|| format!("reading {}", file.display()))?;
+    for l in std::io::BufReader::new(f).lines() {
+        let l = l.with_context(|| format!("reading {}", file.display()))?;
+        if !l.trim().is_empty() {
+            return Ok(cairn_harness::backup::is_backup_header(&l));
+        }
+    }
+    Ok(false)
+}
+
 /// Imports parsed memories in batches with a progress bar; returns (added, skipped).
 async fn import_memories(mem: &MemoryHarness, memories: Vec<NewMemory>) -> Result<(usize, usize)> {
     let total = memories.len();
@@ -322,6 +344,18 @@ async fn run(cli: Cli) -> Result<()> {
             format,
             thread: t,
         } => {
+            if matches!(format, Format::Jsonl) && t.is_none() && starts_as_backup(&file)? {
+                let mem = open(&cli.db).await?;
+                let r = mem
+                    .import_backup(&file)
+                    .await
+                    .with_context(|| format!("{}: restoring the backup", file.display()))?;
+                eprintln!(
+                    "restored {} memories ({} already present; {} embedded)",
+                    r.added, r.skipped, r.embedded
+                );
+                return Ok(());
+            }
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let memories = match format {
@@ -539,7 +573,18 @@ async fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Export { thread: t } => {
+        Command::Export {
+            with_embeddings,
+            memories: false,
+            ..
+        } => {
+            let mem = open(&cli.db).await?;
+            let n = mem
+                .export_backup(std::io::stdout(), with_embeddings)
+                .await?;
+            eprintln!("backed up {n} memories");
+        }
+        Command::Export { thread: t, .. } => {
             let mem = open(&cli.db).await?;
             let mut f = Filter::all();
             f.thread = t.as_deref().map(thread).transpose()?;

@@ -91,7 +91,7 @@ fn locomo_import_export_round_trip_and_json_shapes() {
     let meta = &first["memory"]["metadata"];
     assert!(meta["dia_id"].as_str().unwrap().starts_with('D'));
     assert!(meta["session"].is_number() && meta["speaker"].is_string());
-    let d1: Vec<_> = ok(&cairn(&db, &["export", "--thread", "30"]))
+    let d1: Vec<_> = ok(&cairn(&db, &["export", "--memories", "--thread", "30"]))
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .collect();
@@ -107,17 +107,19 @@ fn locomo_import_export_round_trip_and_json_shapes() {
         parsed.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
     );
 
-    // Export, import into a fresh store, export again: identical.
-    let exported = ok(&cairn(&db, &["export"]));
+    // Memories as JSONL, imported into a fresh store, exported again: identical.
+    let exported = ok(&cairn(&db, &["export", "--memories"]));
     let f = dir.path().join("export.jsonl");
     std::fs::write(&f, &exported).unwrap();
     let db2 = dir.path().join("c2.db");
     ok(&cairn(&db2, &["import", f.to_str().unwrap()]));
     assert_eq!(
-        ok(&cairn(&db2, &["export"])),
+        ok(&cairn(&db2, &["export", "--memories"])),
         exported,
         "lossless round trip"
     );
+    // A thread filter belongs to --memories: a backup is the whole store.
+    assert!(!cairn(&db, &["export", "--thread", "30"]).status.success());
 
     // Consolidate, tree, expand, context JSON shapes.
     let report = json(&cairn(&db, &["consolidate", "--older-than", "0", "--json"]));
@@ -130,6 +132,61 @@ fn locomo_import_export_round_trip_and_json_shapes() {
     let tree = json(&cairn(&db, &["tree", "--thread", "30", "--json"]));
     assert!(!tree.as_array().unwrap().is_empty());
     assert!(ok(&cairn(&db, &["tree", &sid])).contains(&sid));
+
+    // A backup (after consolidation: summaries, links, levels) restored into a new file
+    // draws the same tree, expands to the same leaves and answers the same search (the
+    // texts re-embedded with the real model).
+    let backup = dir.path().join("backup.jsonl");
+    std::fs::write(&backup, ok(&cairn(&db, &["export"]))).unwrap();
+    let restored = dir.path().join("restored.db");
+    let r = cairn(&restored, &["import", backup.to_str().unwrap()]);
+    ok(&r);
+    assert!(String::from_utf8_lossy(&r.stderr).contains("restored"));
+    assert_eq!(
+        ok(&cairn(&restored, &["tree", "--thread", "30"])),
+        ok(&cairn(&db, &["tree", "--thread", "30"]))
+    );
+    assert_eq!(
+        ok(&cairn(&restored, &["expand", &sid, "--leaves"])),
+        ok(&cairn(&db, &["expand", &sid, "--leaves"]))
+    );
+    let top = |d: &Path| {
+        json(&cairn(
+            d,
+            &[
+                "search",
+                "adoption agency",
+                "--thread",
+                "30",
+                "-k",
+                "5",
+                "--mode",
+                "vector",
+                "--json",
+            ],
+        ))
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["memory"]["id"].clone())
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(top(&restored), top(&db));
+    assert_eq!(
+        json(&cairn(&restored, &["stats", "--json"]))["store"]["by_level"],
+        json(&cairn(&db, &["stats", "--json"]))["store"]["by_level"]
+    );
+    // With vectors, into another file: the same tree; importing it again adds nothing.
+    let with = dir.path().join("backup-v.jsonl");
+    std::fs::write(&with, ok(&cairn(&db, &["export", "--with-embeddings"]))).unwrap();
+    let restored2 = dir.path().join("restored2.db");
+    ok(&cairn(&restored2, &["import", with.to_str().unwrap()]));
+    assert_eq!(
+        ok(&cairn(&restored2, &["tree", "--thread", "30"])),
+        ok(&cairn(&db, &["tree", "--thread", "30"]))
+    );
+    let again = cairn(&restored2, &["import", with.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("restored 0 memories"));
     let ctx = json(&cairn(
         &db,
         &[

@@ -1,10 +1,10 @@
-//! [`CachedEmbedder`]: embeds each distinct text once per model.
+//! [`CachedEmbedder`]: embeds each distinct text once per model, in a bounded cache.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cairn_core::{EmbedError, Embedder};
+use cairn_core::{EmbedError, Embedder, InputError};
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
@@ -17,14 +17,33 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
+/// Entries a cache keeps unless told otherwise: 50,000 vectors, about 77 MB at
+/// all-MiniLM-L6-v2's 384 dimensions (1,536 bytes a vector plus its key).
+pub const DEFAULT_CACHE_CAPACITY: usize = 50_000;
+
 /// Wraps an [`Embedder`] with a persistent cache: an SQLite table `embedding_cache` keyed by
 /// (model id, sha256 of the text). Imports repeat lines and summaries get re-embedded; each
-/// distinct text reaches the model once.
+/// distinct text reaches the model once while it stays in the cache.
 ///
 /// The table can live in the store's own database file (it is created if missing).
+///
+/// **Bounded.** It holds at most `capacity` entries ([`DEFAULT_CACHE_CAPACITY`] unless
+/// [`Self::open_with_capacity`] says otherwise), counted over every model. Each entry has a
+/// use stamp from a counter kept in the same file; a write that takes the cache over its
+/// capacity evicts the entries with the oldest stamps in the same transaction. A hit
+/// refreshes an entry's stamp only when the entry has fallen into the older half of the
+/// stamps (a read that would otherwise write on every hit), so the policy is LRU up to that
+/// half: an entry written or hit within the last `capacity / 2` stamps (a stamp is one write
+/// or one refresh) is never the one evicted. The
+/// count and the counter are rows of the file, so several processes sharing it keep one
+/// bound.
+///
+/// **Purged.** [`Self::purge`] removes the vectors of given texts; the harness calls it with
+/// the texts of the memories it deletes.
 pub struct CachedEmbedder {
     inner: Arc<dyn Embedder>,
     conn: Mutex<Connection>,
+    capacity: usize,
     hits: AtomicU64,
     misses: AtomicU64,
 }
@@ -33,6 +52,7 @@ impl std::fmt::Debug for CachedEmbedder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CachedEmbedder")
             .field("model", &self.inner.model_id())
+            .field("capacity", &self.capacity)
             .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
@@ -42,10 +62,61 @@ fn db_err(e: rusqlite::Error) -> EmbedError {
     EmbedError::Unavailable(format!("embedding cache: {e}"))
 }
 
+fn to_i64(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Reads a counter of `embedding_cache_meta`.
+fn meta(conn: &Connection, key: &str) -> rusqlite::Result<i64> {
+    conn.prepare_cached("SELECT value FROM embedding_cache_meta WHERE key = ?1")?
+        .query_row(params![key], |r| r.get(0))
+}
+
+fn set_meta(conn: &Connection, key: &str, value: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached("UPDATE embedding_cache_meta SET value = ?2 WHERE key = ?1")?
+        .execute(params![key, value])?;
+    Ok(())
+}
+
+/// Evicts the oldest-stamped entries until at most `capacity` remain.
+fn evict(conn: &Connection, capacity: usize) -> rusqlite::Result<()> {
+    let entries = meta(conn, "entries")?;
+    let excess = entries - to_i64(capacity);
+    if excess > 0 {
+        let gone = conn
+            .prepare_cached(
+                "DELETE FROM embedding_cache WHERE (model_id, text_sha256) IN (
+                    SELECT model_id, text_sha256 FROM embedding_cache ORDER BY used LIMIT ?1)",
+            )?
+            .execute(params![excess])?;
+        set_meta(conn, "entries", entries - to_i64(gone))?;
+    }
+    Ok(())
+}
+
 impl CachedEmbedder {
-    /// Opens (or creates) the cache table in the SQLite file at `path`.
+    /// Opens (or creates) the cache table in the SQLite file at `path`, holding at most
+    /// [`DEFAULT_CACHE_CAPACITY`] entries.
     pub fn open(inner: Arc<dyn Embedder>, path: impl AsRef<Path>) -> Result<Self, EmbedError> {
-        let conn = Connection::open(path).map_err(db_err)?;
+        Self::open_with_capacity(inner, path, DEFAULT_CACHE_CAPACITY)
+    }
+
+    /// Opens (or creates) the cache table holding at most `capacity` entries (at least 1);
+    /// a file holding more (from a larger capacity before) is trimmed at once.
+    pub fn open_with_capacity(
+        inner: Arc<dyn Embedder>,
+        path: impl AsRef<Path>,
+        capacity: usize,
+    ) -> Result<Self, EmbedError> {
+        if capacity == 0 {
+            return Err(InputError::OutOfRange {
+                name: "embedding cache capacity",
+                value: "0".into(),
+                expected: "at least 1 (turn the cache off instead)",
+            }
+            .into());
+        }
+        let mut conn = Connection::open(path).map_err(db_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(30))
             .map_err(db_err)?;
         // WAL is the store's mode too; setting it here keeps both connections compatible.
@@ -61,18 +132,52 @@ impl CachedEmbedder {
             true,
         )
         .map_err(db_err)?;
-        conn.execute_batch(
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db_err)?;
+        tx.execute_batch(
             "CREATE TABLE IF NOT EXISTS embedding_cache (
                 model_id TEXT NOT NULL,
                 text_sha256 BLOB NOT NULL,
                 embedding BLOB NOT NULL,
+                used INTEGER NOT NULL DEFAULT 0,
                 PRIMARY KEY (model_id, text_sha256)
-            ) WITHOUT ROWID",
+            ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS embedding_cache_meta (
+                key TEXT PRIMARY KEY,
+                value INTEGER NOT NULL
+            ) WITHOUT ROWID;",
         )
         .map_err(db_err)?;
+        // Files written before the cache was bounded have no use stamps: their entries
+        // start at 0, the oldest.
+        let has_used: bool = tx
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM pragma_table_info('embedding_cache') WHERE name = 'used')",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(db_err)?;
+        if !has_used {
+            tx.execute_batch(
+                "ALTER TABLE embedding_cache ADD COLUMN used INTEGER NOT NULL DEFAULT 0",
+            )
+            .map_err(db_err)?;
+        }
+        tx.execute_batch(
+            "CREATE INDEX IF NOT EXISTS embedding_cache_used ON embedding_cache (used);
+             INSERT OR IGNORE INTO embedding_cache_meta (key, value)
+                 SELECT 'entries', count(*) FROM embedding_cache;
+             INSERT OR IGNORE INTO embedding_cache_meta (key, value)
+                 SELECT 'clock', COALESCE(MAX(used), 0) FROM embedding_cache;",
+        )
+        .map_err(db_err)?;
+        evict(&tx, capacity).map_err(db_err)?;
+        tx.commit().map_err(db_err)?;
         Ok(Self {
             inner,
             conn: Mutex::new(conn),
+            capacity,
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         })
@@ -86,9 +191,125 @@ impl CachedEmbedder {
         }
     }
 
+    /// The most entries the cache keeps.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The entries it holds now (every model).
+    pub fn len(&self) -> Result<usize, EmbedError> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM embedding_cache", [], |r| r.get(0))
+            .map_err(db_err)?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> Result<bool, EmbedError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Whether `text` has a vector in the cache for the wrapped model (no stamp changes).
+    pub fn contains(&self, text: &str) -> Result<bool, EmbedError> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        conn.prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2)",
+        )
+        .and_then(|mut s| s.query_row(params![self.inner.model_id(), key(text)], |r| r.get(0)))
+        .map_err(db_err)
+    }
+
+    /// Removes the wrapped model's vectors of `texts` (the texts of deleted memories);
+    /// returns how many entries went. Texts not in the cache are ignored.
+    pub fn purge(&self, texts: &[&str]) -> Result<usize, EmbedError> {
+        if texts.is_empty() {
+            return Ok(0);
+        }
+        let model = self.inner.model_id().to_owned();
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db_err)?;
+        let mut gone = 0;
+        {
+            let mut del = tx
+                .prepare_cached(
+                    "DELETE FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
+                )
+                .map_err(db_err)?;
+            for t in texts {
+                gone += del.execute(params![model, key(t)]).map_err(db_err)?;
+            }
+        }
+        let entries = meta(&tx, "entries").map_err(db_err)?;
+        set_meta(&tx, "entries", (entries - to_i64(gone)).max(0)).map_err(db_err)?;
+        tx.commit().map_err(db_err)?;
+        Ok(gone)
+    }
+
     /// The wrapped embedder.
     pub fn inner(&self) -> &Arc<dyn Embedder> {
         &self.inner
+    }
+
+    /// Writes fresh vectors and refreshes the stamps of `touch`, in one transaction, then
+    /// evicts down to the capacity.
+    fn store(
+        &self,
+        model: &str,
+        fresh: &[(&str, &[f32])],
+        touch: &[[u8; 32]],
+    ) -> Result<(), EmbedError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db_err)?;
+        let mut clock = meta(&tx, "clock").map_err(db_err)?;
+        let mut entries = meta(&tx, "entries").map_err(db_err)?;
+        {
+            let mut upd = tx
+                .prepare_cached(
+                    "UPDATE embedding_cache SET used = ?3 WHERE model_id = ?1 AND text_sha256 = ?2",
+                )
+                .map_err(db_err)?;
+            for k in touch {
+                clock += 1;
+                upd.execute(params![model, k, clock]).map_err(db_err)?;
+            }
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO embedding_cache (model_id, text_sha256, embedding, used)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(db_err)?;
+            let mut replace = tx
+                .prepare_cached(
+                    "UPDATE embedding_cache SET embedding = ?3, used = ?4
+                     WHERE model_id = ?1 AND text_sha256 = ?2",
+                )
+                .map_err(db_err)?;
+            for (text, v) in fresh {
+                clock += 1;
+                let blob: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let k = key(text);
+                if ins
+                    .execute(params![model, k, blob, clock])
+                    .map_err(db_err)?
+                    == 1
+                {
+                    entries += 1;
+                } else {
+                    replace
+                        .execute(params![model, k, blob, clock])
+                        .map_err(db_err)?;
+                }
+            }
+        }
+        set_meta(&tx, "clock", clock).map_err(db_err)?;
+        set_meta(&tx, "entries", entries).map_err(db_err)?;
+        evict(&tx, self.capacity).map_err(db_err)?;
+        tx.commit().map_err(db_err)
     }
 }
 
@@ -109,24 +330,32 @@ impl Embedder for CachedEmbedder {
         let model = self.inner.model_id().to_owned();
         let dim = self.inner.dim();
         let mut out: Vec<Option<Vec<f32>>> = vec![None; texts.len()];
+        // Hits whose stamps fell into the older half: refreshed so they are not evicted.
+        let mut touch: Vec<[u8; 32]> = Vec::new();
         {
             let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+            let clock = meta(&conn, "clock").map_err(db_err)?;
+            let young = clock - to_i64(self.capacity / 2);
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT embedding FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
+                    "SELECT embedding, used FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
                 )
                 .map_err(db_err)?;
             for (slot, text) in out.iter_mut().zip(texts) {
-                let blob: Option<Vec<u8>> = stmt
-                    .query_row(params![model, key(text)], |r| r.get(0))
+                let k = key(text);
+                let row: Option<(Vec<u8>, i64)> = stmt
+                    .query_row(params![model, k], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()
                     .map_err(db_err)?;
-                if let Some(b) = blob.filter(|b| b.len() == dim * 4) {
+                if let Some((b, used)) = row.filter(|(b, _)| b.len() == dim * 4) {
                     *slot = Some(
                         b.chunks_exact(4)
                             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                             .collect(),
                     );
+                    if used <= young && !touch.contains(&k) {
+                        touch.push(k);
+                    }
                 }
             }
         }
@@ -147,30 +376,21 @@ impl Embedder for CachedEmbedder {
             .fetch_add((texts.len() - unique.len()) as u64, Ordering::Relaxed);
         self.misses
             .fetch_add(unique.len() as u64, Ordering::Relaxed);
-        if !unique.is_empty() {
-            let fresh = self.inner.embed_checked(&unique)?;
-            {
-                let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-                let tx = conn
-                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                    .map_err(db_err)?;
-                {
-                    let mut ins = tx
-                        .prepare_cached(
-                            "INSERT OR REPLACE INTO embedding_cache (model_id, text_sha256, embedding) VALUES (?1, ?2, ?3)",
-                        )
-                        .map_err(db_err)?;
-                    for (text, v) in unique.iter().zip(&fresh) {
-                        let blob: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                        ins.execute(params![model, key(text), blob])
-                            .map_err(db_err)?;
-                    }
-                }
-                tx.commit().map_err(db_err)?;
-            }
-            for (i, w) in missing.iter().zip(which) {
-                out[*i] = Some(fresh[w].clone());
-            }
+        let fresh = if unique.is_empty() {
+            Vec::new()
+        } else {
+            self.inner.embed_checked(&unique)?
+        };
+        if !fresh.is_empty() || !touch.is_empty() {
+            let pairs: Vec<(&str, &[f32])> = unique
+                .iter()
+                .copied()
+                .zip(fresh.iter().map(Vec::as_slice))
+                .collect();
+            self.store(&model, &pairs, &touch)?;
+        }
+        for (i, w) in missing.iter().zip(which) {
+            out[*i] = fresh.get(w).cloned();
         }
         out.into_iter()
             .map(|v| v.ok_or_else(|| EmbedError::Inference("cache lost a vector".into())))

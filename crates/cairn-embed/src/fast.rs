@@ -111,11 +111,21 @@ impl FastEmbedderBuilder {
             })
         }
         .map_err(|e| EmbedError::Unavailable(e.to_string()))?;
-        let ort = self
+        let explicit = self
             .ort_library
             .clone()
-            .or_else(|| std::env::var_os(ORT_DYLIB_ENV).map(PathBuf::from))
-            .unwrap_or_else(|| files.ort_library.clone());
+            .or_else(|| std::env::var_os(ORT_DYLIB_ENV).map(PathBuf::from));
+        let ort = match explicit {
+            Some(path) => path,
+            None => {
+                // The provisioned library is checked against its pin each time, before it
+                // is loaded: a file changed since it was fetched is never run.
+                files
+                    .check_ort_library()
+                    .map_err(|e| EmbedError::Unavailable(e.to_string()))?;
+                files.ort_library.clone()
+            }
+        };
         let env = runtime(&ort)?;
         let read = |p: &PathBuf| {
             std::fs::read(p).map_err(|e| EmbedError::Unavailable(format!("{}: {e}", p.display())))

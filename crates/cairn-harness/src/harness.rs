@@ -218,6 +218,7 @@ pub struct HarnessBuilder {
     hnsw: HnswParams,
     delete_policy: DeletePolicy,
     cache: bool,
+    cache_capacity: usize,
     configure: Option<StoreOptionsFn>,
 }
 
@@ -265,6 +266,14 @@ impl HarnessBuilder {
         self
     }
 
+    /// The most vectors the embedding cache keeps (at least 1); the least recently used go
+    /// first (see [`CachedEmbedder`]). Default: [`cairn_embed::DEFAULT_CACHE_CAPACITY`]
+    /// (50,000, about 77 MB for MiniLM). Deleting memories purges their texts' vectors.
+    pub fn embedding_cache_capacity(mut self, entries: usize) -> Self {
+        self.cache_capacity = entries;
+        self
+    }
+
     /// Adjusts any other store option (read pool, thresholds, synchronous mode).
     pub fn store_options(mut self, f: impl FnOnce(&mut StoreOptions) + Send + 'static) -> Self {
         self.configure = Some(Box::new(f));
@@ -282,6 +291,7 @@ impl HarnessBuilder {
             hnsw,
             delete_policy,
             cache,
+            cache_capacity,
             configure,
         } = self;
         let base: Arc<dyn Embedder> = match embedder {
@@ -298,7 +308,10 @@ impl HarnessBuilder {
         let store = blocking(move || Store::open(store_path, options)).await??;
         let (embedder, cache) = if cache {
             let inner = base.clone();
-            let c = Arc::new(blocking(move || CachedEmbedder::open(inner, path)).await??);
+            let c = Arc::new(
+                blocking(move || CachedEmbedder::open_with_capacity(inner, path, cache_capacity))
+                    .await??,
+            );
             (c.clone() as Arc<dyn Embedder>, Some(c))
         } else {
             (base, None)
@@ -354,6 +367,7 @@ impl MemoryHarness {
             hnsw: HnswParams::default(),
             delete_policy: DeletePolicy::Restrict,
             cache: true,
+            cache_capacity: cairn_embed::DEFAULT_CACHE_CAPACITY,
             configure: None,
         }
     }
@@ -366,6 +380,11 @@ impl MemoryHarness {
     /// The embedder in use.
     pub fn embedder(&self) -> &Arc<dyn Embedder> {
         &self.inner.embedder
+    }
+
+    /// The embedding cache, when it is on (synchronous; call it off the runtime).
+    pub fn embedding_cache(&self) -> Option<&Arc<CachedEmbedder>> {
+        self.inner.cache.as_ref()
     }
 
     /// The summarizer in use.
@@ -542,10 +561,45 @@ impl MemoryHarness {
         self.delete_with(id, self.inner.delete_policy).await
     }
 
-    /// Deletes with an explicit policy.
+    /// Deletes with an explicit policy. The embedding cache forgets the texts of every
+    /// memory deleted (a text another live memory shares is forgotten too: the cache is
+    /// only a cache, that memory keeps its vector in the store, and the text is embedded
+    /// again if it is ever needed).
     pub async fn delete_with(&self, id: MemoryId, policy: DeletePolicy) -> Result<DeleteReport> {
         let inner = self.inner.clone();
-        Ok(blocking(move || inner.store.delete(id, policy)).await??)
+        blocking(move || {
+            // The texts are read first: a delete reports only ids.
+            let texts: HashMap<MemoryId, String> = match &inner.cache {
+                None => HashMap::new(),
+                Some(_) => {
+                    let mut ids = vec![id];
+                    if policy == DeletePolicy::Cascade {
+                        ids.extend(inner.store.ancestors(id)?.into_iter().map(|m| m.id));
+                    }
+                    inner
+                        .store
+                        .get_found(&ids)?
+                        .into_iter()
+                        .map(|m| (m.id, m.content))
+                        .collect()
+                }
+            };
+            let report = inner.store.delete(id, policy)?;
+            if let Some(cache) = &inner.cache {
+                let gone: Vec<&str> = report
+                    .deleted
+                    .iter()
+                    .filter_map(|d| texts.get(d).map(String::as_str))
+                    .collect();
+                // The delete is committed; a cache that cannot be written is reported in
+                // the log rather than turning a done delete into an error.
+                if let Err(e) = cache.purge(&gone) {
+                    tracing::warn!(error = %e, "deleted memories stay in the embedding cache");
+                }
+            }
+            Ok::<_, HarnessError>(report)
+        })
+        .await?
     }
 
     /// Writes a summary of `source_ids` (in that order); returns its id. Its level, time

@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+pub mod backup;
 mod consolidate;
 mod context;
 mod conversation;
@@ -37,6 +38,7 @@ mod recall;
 pub mod text;
 mod tokens;
 
+pub use backup::{BackupError, BackupHeader, BackupImport, BackupRecord, BACKUP_VERSION};
 pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
 pub use context::{
     AssembledContext, ChatMessage, ContextItem, ContextOptions, RecalledBlockCost, Section,

@@ -1010,3 +1010,49 @@ async fn a_lying_embedder_gets_typed_errors() {
         Err(cairn_core::SummarizeError::Other(_))
     ));
 }
+
+/// Deleting memories purges their texts from the embedding cache (a cascade, the summaries
+/// above too); other texts stay, and the cache's capacity comes from the builder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_purge_the_embedding_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = MemoryHarness::builder(dir.path().join("h.db"))
+        .embedder(hash())
+        .embedding_cache_capacity(1_000)
+        .build()
+        .await
+        .unwrap();
+    let cache = mem.embedding_cache().unwrap().clone();
+    assert_eq!(cache.capacity(), 1_000);
+    let a = mem.add_knowledge("the secret plan").await.unwrap();
+    let b = mem.add_knowledge("the open plan").await.unwrap();
+    let c = mem.add_knowledge("a note to delete").await.unwrap();
+    let s = mem
+        .add_summary("plans, summarized", &[a, b], None)
+        .await
+        .unwrap();
+    for t in [
+        "the secret plan",
+        "the open plan",
+        "a note to delete",
+        "plans, summarized",
+    ] {
+        assert!(cache.contains(t).unwrap(), "{t}");
+    }
+    mem.delete_with(c, DeletePolicy::Restrict).await.unwrap();
+    assert!(!cache.contains("a note to delete").unwrap());
+    let r = mem.delete_with(a, DeletePolicy::Cascade).await.unwrap();
+    assert_eq!(r.deleted.len(), 2);
+    assert!(!cache.contains("the secret plan").unwrap());
+    assert!(
+        !cache.contains("plans, summarized").unwrap(),
+        "the summary {s} went too"
+    );
+    assert!(cache.contains("the open plan").unwrap());
+    assert_eq!(cache.len().unwrap(), 1);
+    // A refused delete purges nothing.
+    let d = mem.add_knowledge("cited").await.unwrap();
+    mem.add_summary("cites it", &[d], None).await.unwrap();
+    assert!(mem.delete_with(d, DeletePolicy::Restrict).await.is_err());
+    assert!(cache.contains("cited").unwrap());
+}

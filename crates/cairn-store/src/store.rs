@@ -24,6 +24,8 @@ use crate::rows::{
 use crate::schema;
 use crate::{DeletePolicy, Filter, Result, StoreError, StoreOptions};
 
+mod restore;
+
 /// A summary to be written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewSummary {

@@ -1,0 +1,212 @@
+//! Whole-store backup reads and exact restores at the row level (the backup file format
+//! itself lives in the harness, which also embeds what a backup holds no vector for).
+
+use super::{after_commit, attr_of, begin, check_thread, insert_row, source_facts, Store};
+use crate::index::Entry;
+use crate::rows::{decode_vector, query_units_with};
+use crate::{Result, StoreError};
+
+use std::collections::HashSet;
+
+use cairn_core::{normalized, validate_vector, InputError, MemoryKind, MemoryUnit, NewMemory};
+use rusqlite::params;
+use rusqlite::types::Value;
+
+/// Rows read per query while a backup streams.
+const PAGE: usize = 256;
+
+impl Store {
+    /// Reads every memory for a backup inside one read transaction (a consistent snapshot
+    /// while others keep writing), `PAGE` rows at a time, never the whole store at once.
+    ///
+    /// `on_start` gets the number of memories first; `on_row` then gets each memory whole
+    /// (summaries with their sources in order, level, time range, stale flag) and, when
+    /// `with_embeddings`, its stored vector. The order is by level, then by insertion, so
+    /// every summary comes after all of its sources (a summary's level is above each
+    /// source's). Returns the number of memories; an error from a callback stops the read
+    /// and is returned.
+    pub fn backup_rows<E: From<StoreError>>(
+        &self,
+        with_embeddings: bool,
+        on_start: impl FnOnce(usize) -> Result<(), E>,
+        mut on_row: impl FnMut(MemoryUnit, Option<Vec<f32>>) -> Result<(), E>,
+    ) -> Result<usize, E> {
+        let outcome = self.read(|c| {
+            let tx = c.unchecked_transaction()?;
+            let run = || -> Result<usize, E> {
+                let (total, max_level): (i64, Option<i64>) = tx
+                    .query_row("SELECT count(*), MAX(level) FROM memories", [], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .map_err(StoreError::from)?;
+                on_start(usize::try_from(total).unwrap_or(0))?;
+                let mut sent = 0;
+                let mut emb = tx
+                    .prepare_cached("SELECT embedding FROM memories WHERE rid = ?1")
+                    .map_err(StoreError::from)?;
+                for level in 0..=max_level.unwrap_or(-1) {
+                    let mut after = 0_i64;
+                    loop {
+                        let page = query_units_with(
+                            &tx,
+                            ", m.rid",
+                            "WHERE m.level = ? AND m.rid > ? ORDER BY m.rid LIMIT ?",
+                            &[
+                                Value::Integer(level),
+                                Value::Integer(after),
+                                Value::Integer(i64::try_from(PAGE).unwrap_or(i64::MAX)),
+                            ],
+                        )?;
+                        let n = page.len();
+                        for (unit, rid) in page {
+                            after = rid;
+                            let v = if with_embeddings {
+                                let blob: Vec<u8> = emb
+                                    .query_row(params![rid], |r| r.get(0))
+                                    .map_err(StoreError::from)?;
+                                Some(decode_vector(&blob))
+                            } else {
+                                None
+                            };
+                            on_row(unit, v)?;
+                            sent += 1;
+                        }
+                        if n < PAGE {
+                            break;
+                        }
+                    }
+                }
+                Ok(sent)
+            };
+            let out = run();
+            tx.finish()?;
+            Ok(out)
+        });
+        match outcome {
+            Ok(out) => out,
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes memories exactly as a backup holds them, in one transaction: all or none.
+    ///
+    /// Ids, kinds, threads, roles, texts, times and metadata are kept; a summary keeps its
+    /// sources in order, its time range, its stale flag and its level, and may have no
+    /// sources left (all of them detached). Checked before anything is written: text and
+    /// metadata as for any insert; a raw memory has level 0 and no summary facts; a summary
+    /// has kind `summary`, level at least 1, and with sources exactly 1 + their highest
+    /// level (`InputError::OutOfRange` otherwise); sources exist (in the store or earlier in
+    /// `items`: `NotFound`), are not repeated (`DuplicateSource`) and are not the summary
+    /// (`SelfReference`); threads as for [`Store::add_summary`] (`ThreadMismatch`); an id
+    /// already stored is `DuplicateId`.
+    pub fn restore(&self, items: Vec<(MemoryUnit, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
+        let mut prepared = Vec::with_capacity(items.len());
+        let mut seen = HashSet::new();
+        for (u, v) in items {
+            NewMemory::new(MemoryKind::Knowledge, u.content.clone())
+                .with_metadata(u.metadata.clone())
+                .validate()?;
+            if !seen.insert(u.id) {
+                return Err(StoreError::DuplicateId { id: u.id });
+            }
+            let bad = |name: &'static str, value: String, expected: &'static str| {
+                StoreError::from(InputError::OutOfRange {
+                    name,
+                    value,
+                    expected,
+                })
+            };
+            match (&u.summary, u.kind) {
+                (None, MemoryKind::Summary) => {
+                    return Err(bad("summary facts", "none".into(), "present for a summary"))
+                }
+                (Some(_), k) if k != MemoryKind::Summary => {
+                    return Err(bad("summary facts", k.as_str().into(), "only on summaries"))
+                }
+                (None, _) if u.level != 0 => {
+                    return Err(bad("level", u.level.to_string(), "0 for a raw memory"))
+                }
+                (Some(s), _) => {
+                    if u.level == 0 || s.level != u.level {
+                        return Err(bad(
+                            "level",
+                            format!("{} (summary facts say {})", u.level, s.level),
+                            "at least 1 and the same in both places",
+                        ));
+                    }
+                    let mut srcs = HashSet::new();
+                    for sid in &s.source_ids {
+                        if *sid == u.id {
+                            return Err(StoreError::SelfReference { id: u.id });
+                        }
+                        if !srcs.insert(*sid) {
+                            return Err(StoreError::DuplicateSource { id: *sid });
+                        }
+                    }
+                }
+                _ => {}
+            }
+            validate_vector(&v, self.inner.shared.options.dim)?;
+            // A stored vector is unit length already: kept bit for bit (normalizing it again
+            // can move the last bit); anything else is normalized as on insert.
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let v = if (norm - 1.0).abs() <= 1e-4 {
+                v
+            } else {
+                normalized(v)?
+            };
+            prepared.push((u, v));
+        }
+        self.write(move |conn, shared| {
+            let tx = begin(conn)?;
+            let mut vids = Vec::with_capacity(prepared.len());
+            for (unit, v) in &mut prepared {
+                let mut sources = Vec::new();
+                if let Some(s) = unit.summary.as_mut() {
+                    let thread = unit.thread_id.as_ref().map(cairn_core::ThreadId::as_str);
+                    for sid in &s.source_ids {
+                        let facts = source_facts(&tx, *sid)?;
+                        check_thread(&tx, thread, *sid, &facts)?;
+                        sources.push(facts);
+                    }
+                    if let Some(top) = sources.iter().map(|f| f.level).max() {
+                        if unit.level != top + 1 {
+                            return Err(InputError::OutOfRange {
+                                name: "level",
+                                value: unit.level.to_string(),
+                                expected: "1 + the highest level of the summary's sources",
+                            }
+                            .into());
+                        }
+                    }
+                    s.source_count = sources.len();
+                }
+                let (vid, rid) = insert_row(&tx, shared, unit, v)?;
+                if let Some(s) = &unit.summary {
+                    tx.prepare_cached("UPDATE memories SET stale = ?2 WHERE rid = ?1")?
+                        .execute(params![rid, s.stale])?;
+                    let mut link = tx.prepare_cached(
+                        "INSERT INTO summary_sources (summary, source, position) VALUES (?1, ?2, ?3)",
+                    )?;
+                    for (pos, f) in sources.iter().enumerate() {
+                        link.execute(params![rid, f.rid, i64::try_from(pos).unwrap_or(i64::MAX)])?;
+                    }
+                }
+                vids.push(vid);
+            }
+            tx.commit()?;
+            let entries: Vec<Entry<'_>> = prepared
+                .iter()
+                .zip(&vids)
+                .map(|((u, v), vid)| Entry {
+                    vid: *vid,
+                    vector: v,
+                    attr: attr_of(shared, u),
+                })
+                .collect();
+            shared.index.insert(&entries);
+            after_commit(conn, shared);
+            Ok(prepared.into_iter().map(|(u, _)| u).collect())
+        })
+    }
+}
