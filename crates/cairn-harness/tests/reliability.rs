@@ -1314,6 +1314,124 @@ fn random_summary_graphs_stay_whole() {
         .unwrap();
 }
 
+/// Issue 16, item 6: any options — shares, weights and gaps of any size or sign, NaN and
+/// infinities, depths up to `usize::MAX`, consolidation ages, gaps and sizes of any size —
+/// give an answer or `HarnessError::Config`, never a panic or another error.
+#[test]
+#[allow(clippy::cast_possible_truncation)]
+fn any_options_answer_or_get_config_errors() {
+    use cairn_harness::{ContextOptions, RecallWeights};
+    use proptest::prelude::*;
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let mem = rt.block_on(async {
+        let mem = harness(&dir.path().join("o.db"), None).await;
+        mem.add_many(old_turns("t", 30)).await.unwrap();
+        mem
+    });
+    // Mostly ordinary values (so that the paths behind the checks run), often extreme ones.
+    let number = prop_oneof![
+        30 => 0.0..1.0f64,
+        2 => -2.0..2.0f64,
+        1 => Just(f64::NAN),
+        1 => Just(f64::INFINITY),
+        1 => Just(f64::NEG_INFINITY),
+        1 => Just(1e300),
+        1 => any::<f64>(),
+    ];
+    let weights = (
+        number.clone(),
+        number.clone(),
+        number.clone(),
+        number.clone(),
+        prop_oneof![
+            30 => 0..100_000i64,
+            1 => Just(i64::MAX),
+            1 => Just(i64::MIN),
+            1 => Just(10_000_000_000_000_000i64),
+            1 => any::<i64>(),
+        ],
+    );
+    let depth = prop_oneof![30 => 0..5_000usize, 1 => Just(usize::MAX), 1 => any::<usize>()];
+    let secs = prop_oneof![30 => 0..10_000_000u64, 1 => Just(u64::MAX), 1 => any::<u64>()];
+    let size = prop_oneof![30 => 2..50usize, 1 => Just(usize::MAX), 1 => any::<usize>()];
+    let answered = AtomicUsize::new(0);
+    let config = proptest::test_runner::Config {
+        cases: cases(),
+        ..Default::default()
+    };
+    // Seeded: the count of valid option sets below is the same every run.
+    let rng = proptest::test_runner::TestRng::deterministic_rng(config.rng_algorithm);
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
+    runner
+        .run(
+            &(
+                (number.clone(), number, depth, weights),
+                (
+                    secs.clone(),
+                    secs.clone(),
+                    secs,
+                    size.clone(),
+                    size.clone(),
+                    size,
+                ),
+            ),
+            |(
+                (recent, summary, depth, (vector, neighbor, speaker, time, gap)),
+                (older, max_age, session, chunk, fanout, page),
+            )| {
+                let options = ContextOptions {
+                    recent_share: recent,
+                    summary_share: summary,
+                    recall_depth: depth,
+                    weights: RecallWeights {
+                        vector: vector as f32,
+                        neighbor: neighbor as f32,
+                        speaker: speaker as f32,
+                        time: time as f32,
+                        stretch_gap_secs: gap,
+                        ..RecallWeights::default()
+                    },
+                };
+                rt.block_on(async {
+                    match mem
+                        .assemble_context_with("t", "topic 3", 500, options)
+                        .await
+                    {
+                        Ok(_) => {
+                            answered.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(HarnessError::Config(_)) => {}
+                        Err(e) => prop_assert!(false, "{options:?}: {e:?}"),
+                    }
+                    let policy = ConsolidationPolicy::older_than(Duration::from_secs(older))
+                        .max_age(Duration::from_secs(max_age))
+                        .session_gap(Duration::from_secs(session))
+                        .chunk_size(chunk)
+                        .fanout(fanout)
+                        .page_size(page)
+                        .thread(thread("t"));
+                    match mem.consolidate(policy).await {
+                        Ok(_) | Err(HarnessError::Config(_)) => {}
+                        Err(e) => prop_assert!(false, "consolidate: {e:?}"),
+                    }
+                    Ok(())
+                })
+            },
+        )
+        .unwrap();
+    println!(
+        "{} of {} option sets answered",
+        answered.load(Ordering::SeqCst),
+        cases()
+    );
+    assert!(
+        answered.load(Ordering::SeqCst) > 0,
+        "valid options were drawn"
+    );
+    rt.block_on(check_integrity(&mem));
+}
+
 // ---------------------------------------------------------------------------------------
 // Isolation
 
