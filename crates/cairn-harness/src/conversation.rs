@@ -9,8 +9,45 @@
 //!
 //! Unlike the originals, every turn is stored as a conversational memory of its thread, each
 //! summary is stored as a summary memory linked to the turns it covers (so
-//! `expand_summary` recovers them), the state survives a restart, and a failed or slow
+//! `expand_to_leaves` recovers them), the state survives a restart, and a failed or slow
 //! summarizer leaves every turn in place.
+//!
+//! # Moving summaries grow linearly
+//!
+//! Each fold writes a new version of the moving summary that cites the previous version
+//! (a *continuation* link, first in link order) and the newly folded turns only, so a fold
+//! writes as many links as it folds turns, however long the conversation. Expanding the
+//! newest version through every level (`expand_to_leaves`, `Store::leaves`) reaches every
+//! turn ever folded; its direct sources (`expand_summary`) are the previous version and the
+//! turns of the last fold, and the link order down the chain is the folding history.
+//!
+//! A continuation link does not raise the level (`Store::add_continuation`): every version
+//! stays at level 1 over turns. Were the ordinary rule (1 + the highest source level)
+//! applied, the level would grow by one per fold (10,000 after 10,000 folds): consolidation
+//! would take turns cited only by a level-k version as uncovered at level 1 and summarize
+//! them again, the context's summary route (level-1 summaries) would see only the first
+//! version, and levels would no longer tell a summary of turns from a roll-up of summaries.
+//!
+//! # State
+//!
+//! Each memory keeps a small state value per thread in the store (`Store::thread_state`,
+//! named `conversation_memory:<kind>`), written in the same transaction as each new version:
+//! the newest version, the sequence number (insertion order, `Store::sequenced`) up to which
+//! every turn is folded or cleared, and the few turns at or below it that are still
+//! unsummarized (normally none: saves insert and enqueue turns in one order, and a fold takes
+//! the oldest). Opening reads that value, the newest version, those turns and the turns of
+//! the thread inserted after the sequence number (`Store::thread_tail`, one index range): the
+//! cost does not depend on the length of the thread. `clear` writes the state only; no
+//! marker turn enters the thread, so recall and consolidation never see one. A store written
+//! before this state existed is read the old way once (the whole thread, old clear-marker
+//! turns honored) and its state written then.
+//!
+//! # Locks
+//!
+//! The summarizer runs with no lock that reads take: `load_memory_variables`, `stats` and
+//! the other readers answer while a summary is being written. Saves order their inserts
+//! under a short write lock (never held across a summarizer call either); one fold runs at a
+//! time, and a save that finds a fold running leaves the folding to it and to later saves.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,26 +60,31 @@ use cairn_core::{
     MemoryId, MemoryKind, MemoryUnit, NewMemory, Role, SummarizeError, SummaryItem, SummaryRequest,
     SummaryType, ThreadId,
 };
-use cairn_store::{Filter, NewSummary};
+use cairn_store::{Filter, NewSummary, StoreError, ThreadState};
 
+use crate::harness::blocking;
 use crate::tokens::RunningTotal;
 use crate::{HarnessError, MemoryHarness, Result};
 
-/// Metadata key marking summaries and markers written by these memories.
+/// Metadata key marking summaries written by these memories (and, in stores written before
+/// the state table, their clear-marker turns); also the prefix of their state names.
 const MARK: &str = "conversation_memory";
 
 #[derive(Debug, Clone)]
 struct Turn {
     id: MemoryId,
+    /// Insertion order in the store.
+    seq: u64,
     role: Role,
     content: String,
     created_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl Turn {
-    fn from_unit(m: &MemoryUnit) -> Self {
+    fn from_unit(m: &MemoryUnit, seq: u64) -> Self {
         Self {
             id: m.id,
+            seq,
             role: m.role.unwrap_or(Role::User),
             content: m.content.clone(),
             created_at: m.created_at,
@@ -61,21 +103,123 @@ impl Turn {
     }
 }
 
-/// The persisted state of a moving summary: its memory and the turns it covers.
+/// The newest version of a moving summary.
 #[derive(Debug, Clone)]
 struct Moving {
     id: MemoryId,
     text: String,
-    covered: Vec<MemoryId>,
 }
 
-/// Loads the moving summary of `kind` (the newest after the last clear) and the turns it
-/// does not cover.
-async fn restore(
+/// The state value a memory keeps per thread in the store.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct Persisted {
+    /// The newest version of the moving summary.
+    #[serde(default)]
+    summary: Option<MemoryId>,
+    /// Every turn with a sequence number up to this one is folded or cleared, except `also`.
+    #[serde(default)]
+    after: u64,
+    /// Turns up to this sequence number were cleared (what opening falls back to when the
+    /// summary has been deleted: the turns it covered come back unsummarized).
+    #[serde(default)]
+    cleared: u64,
+    /// Unsummarized turns at or below `after`.
+    #[serde(default)]
+    also: Vec<MemoryId>,
+}
+
+fn state_name(kind: &str) -> String {
+    format!("{MARK}:{kind}")
+}
+
+fn state_write(thread: &ThreadId, kind: &str, p: &Persisted) -> Result<ThreadState> {
+    Ok(ThreadState {
+        thread: thread.clone(),
+        name: state_name(kind),
+        value: serde_json::to_string(p)
+            .map_err(|e| HarnessError::Config(format!("state cannot be serialized: {e}")))?,
+    })
+}
+
+/// What opening a memory found.
+struct Restored {
+    moving: Option<Moving>,
+    /// Unsummarized turns, in insertion order.
+    turns: Vec<Turn>,
+    persisted: Persisted,
+}
+
+/// Loads the state of memory `kind` of `thread`: its value in the store, the newest
+/// version, and the unsummarized turns (those listed and those inserted after it).
+async fn restore(harness: &MemoryHarness, thread: &ThreadId, kind: &str) -> Result<Restored> {
+    let h = harness.clone();
+    let (t, name) = (thread.clone(), state_name(kind));
+    let Some(value) = blocking(move || h.store().thread_state(&t, &name)).await?? else {
+        return restore_legacy(harness, thread, kind).await;
+    };
+    let persisted: Persisted = serde_json::from_str(&value).map_err(|e| {
+        HarnessError::Config(format!(
+            "the stored state {} of thread {thread} is invalid: {e}",
+            state_name(kind)
+        ))
+    })?;
+    let h = harness.clone();
+    let t = thread.clone();
+    let p = persisted.clone();
+    let (moving, turns) = blocking(move || -> Result<(Option<Moving>, Vec<Turn>)> {
+        let store = h.store();
+        let moving = match p.summary {
+            None => None,
+            Some(id) => match store.get(id) {
+                Ok(u) => Some(Moving {
+                    id,
+                    text: u.content,
+                }),
+                // Deleted (say by a cascade from one of its turns): the turns it covered
+                // come back unsummarized, nothing is lost.
+                Err(StoreError::NotFound { .. }) => None,
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let (after, also) = if moving.is_some() || p.summary.is_none() {
+            (p.after, p.also.clone())
+        } else {
+            (p.cleared, Vec::new())
+        };
+        let mut turns = Vec::new();
+        for id in also {
+            match store.sequenced(&[id]) {
+                Ok(mut v) => {
+                    if let Some((u, seq)) = v.pop() {
+                        turns.push(Turn::from_unit(&u, seq));
+                    }
+                }
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for (u, seq) in store.thread_tail(&t, MemoryKind::Conversational, after)? {
+            turns.push(Turn::from_unit(&u, seq));
+        }
+        turns.sort_by_key(|t| t.seq);
+        Ok((moving, turns))
+    })
+    .await??;
+    Ok(Restored {
+        moving,
+        turns,
+        persisted,
+    })
+}
+
+/// Reads a store written before the state value: the whole thread, clear-marker turns
+/// honored (turns up to the newest marker are cleared), the newest summary after the marker
+/// as the moving summary. Writes the state value, so this happens once per thread.
+async fn restore_legacy(
     harness: &MemoryHarness,
     thread: &ThreadId,
     kind: &str,
-) -> Result<(Option<Moving>, Vec<Turn>)> {
+) -> Result<Restored> {
     let all = harness
         .list(Filter::all().thread(thread.clone()), 0, usize::MAX)
         .await?;
@@ -85,83 +229,74 @@ async fn restore(
             .and_then(|v| v.as_str())
             .is_some_and(|v| v == format!("{kind}:{what}"))
     };
-    let cleared_at = all
+    let last_marker = all
         .iter()
         .filter(|m| marker(m, "clear"))
-        .map(|m| m.created_at)
-        .max();
+        .max_by_key(|m| m.created_at);
+    let cleared_at = last_marker.map(|m| m.created_at);
     let after_clear = |m: &&MemoryUnit| cleared_at.is_none_or(|c| m.created_at > c);
-    let moving = all
+    let newest = all
         .iter()
         .filter(after_clear)
         .filter(|m| m.kind == MemoryKind::Summary && marker(m, "summary"))
-        .max_by_key(|m| (m.created_at, m.id))
-        .map(|m| Moving {
-            id: m.id,
-            text: m.content.clone(),
-            covered: m
-                .summary
-                .as_ref()
-                .map(|s| s.source_ids.clone())
-                .unwrap_or_default(),
-        });
-    let covered: std::collections::HashSet<MemoryId> = moving
-        .iter()
-        .flat_map(|m| m.covered.iter().copied())
-        .collect();
-    let turns = all
+        .max_by_key(|m| (m.created_at, m.id));
+    let covered: Vec<MemoryId> = newest
+        .and_then(|m| m.summary.as_ref())
+        .map(|s| s.source_ids.clone())
+        .unwrap_or_default();
+    let covered_set: std::collections::HashSet<MemoryId> = covered.iter().copied().collect();
+    let pending: Vec<MemoryId> = all
         .iter()
         .filter(after_clear)
         .filter(|m| m.kind == MemoryKind::Conversational && !marker(m, "clear"))
-        .filter(|m| !covered.contains(&m.id))
-        .map(Turn::from_unit)
+        .filter(|m| !covered_set.contains(&m.id))
+        .map(|m| m.id)
         .collect();
-    Ok((moving, turns))
-}
-
-async fn write_marker(harness: &MemoryHarness, thread: &ThreadId, kind: &str) -> Result<()> {
-    let mut m = NewMemory::conversational(
-        thread.clone(),
-        Role::System,
-        "[conversation memory cleared]",
-    );
-    m.metadata
-        .insert(MARK.into(), format!("{kind}:clear").into());
-    harness.add(m).await?;
-    Ok(())
-}
-
-/// Writes a moving summary covering `previous.covered` + `turns`.
-async fn write_moving(
-    harness: &MemoryHarness,
-    thread: &ThreadId,
-    kind: &str,
-    text: String,
-    previous: Option<&Moving>,
-    turns: &[Turn],
-) -> Result<Moving> {
-    let mut covered: Vec<MemoryId> = previous.map(|p| p.covered.clone()).unwrap_or_default();
-    covered.extend(turns.iter().map(|t| t.id));
-    let mut metadata = cairn_core::Metadata::new();
-    metadata.insert(MARK.into(), format!("{kind}:summary").into());
-    if let Some(p) = previous {
-        metadata.insert("replaces".into(), p.id.to_string().into());
-    }
-    let unit = harness
-        .add_summary_with(NewSummary {
-            id: None,
-            content: text.clone(),
-            source_ids: covered.clone(),
-            thread_id: Some(thread.clone()),
-            summary_type: SummaryType::Conversation,
-            metadata,
-            created_at: None,
-        })
-        .await?;
-    Ok(Moving {
-        id: unit.id,
-        text,
-        covered,
+    let moving = newest.map(|m| Moving {
+        id: m.id,
+        text: m.content.clone(),
+    });
+    let h = harness.clone();
+    let marker_id = last_marker.map(|m| m.id);
+    let (turns, cleared, covered_max) = blocking(move || -> Result<(Vec<Turn>, u64, u64)> {
+        let store = h.store();
+        let mut turns: Vec<Turn> = store
+            .sequenced(&pending)?
+            .iter()
+            .map(|(u, seq)| Turn::from_unit(u, *seq))
+            .collect();
+        turns.sort_by_key(|t| t.seq);
+        let cleared = match marker_id {
+            Some(id) => store.sequenced(&[id])?.first().map_or(0, |(_, s)| *s),
+            None => 0,
+        };
+        let covered_max = store
+            .sequenced(&covered)?
+            .iter()
+            .map(|(_, s)| *s)
+            .max()
+            .unwrap_or(0);
+        Ok((turns, cleared, covered_max))
+    })
+    .await??;
+    let after = cleared.max(covered_max);
+    let persisted = Persisted {
+        summary: moving.as_ref().map(|m| m.id),
+        after,
+        cleared,
+        also: turns
+            .iter()
+            .filter(|t| t.seq <= after)
+            .map(|t| t.id)
+            .collect(),
+    };
+    let write = state_write(thread, kind, &persisted)?;
+    let h = harness.clone();
+    blocking(move || h.store().set_thread_state(write)).await??;
+    Ok(Restored {
+        moving,
+        turns,
+        persisted,
     })
 }
 
@@ -234,88 +369,22 @@ struct MovingState {
     turns: VecDeque<(Turn, usize)>,
     totals: RunningTotal,
     moving: Option<Moving>,
+    /// Every turn up to this sequence number is folded or cleared (or still in `turns`).
+    after: u64,
+    /// The sequence number of the last clear.
+    cleared: u64,
+    /// Bumped by `clear`: a fold that started before it writes nothing.
+    epoch: u64,
     last_error: Option<String>,
     written: u64,
     failures: u64,
 }
 
 impl MovingState {
-    /// Restores the state of memory `kind` of `thread` from the store.
-    async fn restore(harness: &MemoryHarness, thread: &ThreadId, kind: &str) -> Result<Self> {
-        let (moving, turns) = restore(harness, thread, kind).await?;
-        let mut state = Self {
-            turns: VecDeque::new(),
-            totals: RunningTotal::default(),
-            moving,
-            last_error: None,
-            written: 0,
-            failures: 0,
-        };
-        for t in turns {
-            state.push(t, harness);
-        }
-        Ok(state)
-    }
-
     fn push(&mut self, turn: Turn, harness: &MemoryHarness) {
         let n = harness.token_counter().count_message(&turn.content);
         self.totals.push(n);
         self.turns.push_back((turn, n));
-    }
-
-    /// Folds the oldest `take` turns into a new moving summary of `max_tokens`. On success the
-    /// turns leave the state; on failure they stay and the failure is recorded. Returns
-    /// whether a summary was written.
-    async fn fold(
-        &mut self,
-        harness: &MemoryHarness,
-        thread: &ThreadId,
-        kind: &str,
-        take: usize,
-        max_tokens: usize,
-        timeout: Duration,
-    ) -> Result<bool> {
-        let turns: Vec<Turn> = self
-            .turns
-            .iter()
-            .take(take)
-            .map(|(t, _)| t.clone())
-            .collect();
-        if turns.is_empty() {
-            return Ok(false);
-        }
-        let request = SummaryRequest {
-            previous: self.moving.as_ref().map(|m| m.text.clone()),
-            items: turns.iter().map(Turn::item).collect(),
-            max_tokens,
-            ..Default::default()
-        };
-        match summarize(harness, &request, timeout).await {
-            Ok(text) => {
-                let moving =
-                    write_moving(harness, thread, kind, text, self.moving.as_ref(), &turns).await?;
-                for _ in 0..turns.len() {
-                    self.turns.pop_front();
-                    self.totals.pop_front();
-                }
-                self.moving = Some(moving);
-                self.last_error = None;
-                self.written += 1;
-                Ok(true)
-            }
-            Err(e) => {
-                tracing::warn!(memory = kind, error = %e, "summarizer failed; turns kept");
-                self.last_error = Some(e.to_string());
-                self.failures += 1;
-                Ok(false)
-            }
-        }
-    }
-
-    fn clear(&mut self) {
-        self.turns.clear();
-        self.totals.clear();
-        self.moving = None;
     }
 
     fn stats(&self, kind: &str, token_limit: usize) -> ConversationStats {
@@ -333,12 +402,201 @@ impl MovingState {
     }
 }
 
-/// ConversationSummaryBufferMemory, backed by the store.
-pub struct SummaryBufferMemory {
+/// What both moving-summary memories share: the store, the state and its locks.
+struct Core {
     harness: MemoryHarness,
     thread: ThreadId,
-    options: SummaryBufferOptions,
+    kind: &'static str,
+    /// Orders writes: a save inserts its turns and enqueues them under it (so the queue is in
+    /// insertion order), `clear` and the write of a new version take it too. Never held
+    /// across a summarizer call.
+    writes: Mutex<()>,
+    /// What readers read; held only to read or change it, never across a store or
+    /// summarizer call.
     state: Mutex<MovingState>,
+    /// One fold at a time. Held across the summarizer call, but only folds take it.
+    folding: Mutex<()>,
+}
+
+impl Core {
+    /// Restores the state of memory `kind` of `thread` from the store.
+    async fn open(harness: MemoryHarness, thread: ThreadId, kind: &'static str) -> Result<Self> {
+        let r = restore(&harness, &thread, kind).await?;
+        let mut state = MovingState {
+            turns: VecDeque::new(),
+            totals: RunningTotal::default(),
+            moving: r.moving,
+            after: r.persisted.after,
+            cleared: r.persisted.cleared,
+            epoch: 0,
+            last_error: None,
+            written: 0,
+            failures: 0,
+        };
+        for t in r.turns {
+            state.push(t, &harness);
+        }
+        Ok(Self {
+            harness,
+            thread,
+            kind,
+            writes: Mutex::new(()),
+            state: Mutex::new(state),
+            folding: Mutex::new(()),
+        })
+    }
+
+    /// Stores turns and enqueues them, in one order.
+    async fn save(&self, turns: Vec<NewMemory>) -> Result<Vec<MemoryId>> {
+        let _order = self.writes.lock().await;
+        let ids = self.harness.add_many(turns).await?;
+        let h = self.harness.clone();
+        let q = ids.clone();
+        let stored = blocking(move || h.store().sequenced(&q)).await??;
+        let mut st = self.state.lock().await;
+        for (u, seq) in &stored {
+            st.push(Turn::from_unit(u, *seq), &self.harness);
+        }
+        Ok(ids)
+    }
+
+    /// Folds the oldest `take(state)` turns into a new version of the moving summary of
+    /// `max_tokens`. With `wait`, waits for a fold already running; without, leaves the
+    /// folding to it. On success the turns leave the queue; on failure they stay and the
+    /// failure is recorded. Returns whether a version was written.
+    async fn fold(
+        &self,
+        take: impl FnOnce(&MovingState) -> usize,
+        max_tokens: usize,
+        timeout: Duration,
+        wait: bool,
+    ) -> Result<bool> {
+        let _one = if wait {
+            self.folding.lock().await
+        } else {
+            match self.folding.try_lock() {
+                Ok(g) => g,
+                Err(_) => return Ok(false),
+            }
+        };
+        let (turns, request, epoch) = {
+            let st = self.state.lock().await;
+            let n = take(&st);
+            let turns: Vec<Turn> = st.turns.iter().take(n).map(|(t, _)| t.clone()).collect();
+            if turns.is_empty() {
+                return Ok(false);
+            }
+            let request = SummaryRequest {
+                previous: st.moving.as_ref().map(|m| m.text.clone()),
+                items: turns.iter().map(Turn::item).collect(),
+                max_tokens,
+                ..Default::default()
+            };
+            (turns, request, st.epoch)
+        };
+        // No lock that readers or saves take is held from here to the write.
+        let text = match summarize(&self.harness, &request, timeout).await {
+            Ok(text) => text,
+            Err(e) => {
+                tracing::warn!(memory = self.kind, error = %e, "summarizer failed; turns kept");
+                let mut st = self.state.lock().await;
+                st.last_error = Some(e.to_string());
+                st.failures += 1;
+                return Ok(false);
+            }
+        };
+        let vector = self
+            .harness
+            .embed(vec![text.clone()])
+            .await?
+            .pop()
+            .ok_or_else(|| HarnessError::Config("the embedder returned no vector".into()))?;
+        let id = MemoryId::new();
+        let _order = self.writes.lock().await;
+        let (previous, persisted) = {
+            let st = self.state.lock().await;
+            if st.epoch != epoch {
+                // Cleared while the summary was being written.
+                return Ok(false);
+            }
+            let after = turns.iter().map(|t| t.seq).fold(st.after, u64::max);
+            let also = st
+                .turns
+                .iter()
+                .skip(turns.len())
+                .filter(|(t, _)| t.seq <= after)
+                .map(|(t, _)| t.id)
+                .collect();
+            let previous = st.moving.as_ref().map(|m| m.id);
+            (
+                previous,
+                Persisted {
+                    summary: Some(id),
+                    after,
+                    cleared: st.cleared,
+                    also,
+                },
+            )
+        };
+        let mut metadata = cairn_core::Metadata::new();
+        metadata.insert(MARK.into(), format!("{}:summary", self.kind).into());
+        let summary = NewSummary {
+            id: Some(id),
+            content: text.clone(),
+            source_ids: turns.iter().map(|t| t.id).collect(),
+            thread_id: Some(self.thread.clone()),
+            summary_type: SummaryType::Conversation,
+            metadata,
+            created_at: None,
+        };
+        let write = state_write(&self.thread, self.kind, &persisted)?;
+        let h = self.harness.clone();
+        blocking(move || {
+            h.store()
+                .add_continuation(summary, previous, Some(write), vector)
+        })
+        .await??;
+        let mut st = self.state.lock().await;
+        for _ in 0..turns.len() {
+            st.turns.pop_front();
+            st.totals.pop_front();
+        }
+        st.moving = Some(Moving { id, text });
+        st.after = persisted.after;
+        st.last_error = None;
+        st.written += 1;
+        Ok(true)
+    }
+
+    /// Empties the queue and the moving summary; the state in the store says so too.
+    async fn clear(&self) -> Result<()> {
+        let _order = self.writes.lock().await;
+        let h = self.harness.clone();
+        let last = blocking(move || h.store().last_sequence()).await??;
+        let persisted = Persisted {
+            summary: None,
+            after: last,
+            cleared: last,
+            also: Vec::new(),
+        };
+        let write = state_write(&self.thread, self.kind, &persisted)?;
+        let h = self.harness.clone();
+        blocking(move || h.store().set_thread_state(write)).await??;
+        let mut st = self.state.lock().await;
+        st.turns.clear();
+        st.totals.clear();
+        st.moving = None;
+        st.after = last;
+        st.cleared = last;
+        st.epoch += 1;
+        Ok(())
+    }
+}
+
+/// ConversationSummaryBufferMemory, backed by the store.
+pub struct SummaryBufferMemory {
+    core: Core,
+    options: SummaryBufferOptions,
 }
 
 const BUFFER: &str = "summary_buffer";
@@ -356,63 +614,47 @@ impl SummaryBufferMemory {
             ));
         }
         let thread = ThreadId::new(thread_id)?;
-        let state = MovingState::restore(&harness, &thread, BUFFER).await?;
         Ok(Self {
-            harness,
-            thread,
+            core: Core::open(harness, thread, BUFFER).await?,
             options,
-            state: Mutex::new(state),
         })
     }
 
     /// Stores one exchange (the human input and the AI output), then prunes the oldest turns
     /// into the moving summary while the buffer is over the limit. A summarizer failure keeps
-    /// the turns in the buffer (over the limit) and is retried on the next save.
+    /// the turns in the buffer (over the limit) and is retried on the next save; so is a save
+    /// that finds a fold of another save still running.
     pub async fn save_context(&self, input: &str, output: &str) -> Result<()> {
-        let ids = self
-            .harness
-            .add_many(vec![
-                NewMemory::conversational(self.thread.clone(), Role::User, input),
-                NewMemory::conversational(self.thread.clone(), Role::Assistant, output),
+        let thread = &self.core.thread;
+        self.core
+            .save(vec![
+                NewMemory::conversational(thread.clone(), Role::User, input),
+                NewMemory::conversational(thread.clone(), Role::Assistant, output),
             ])
             .await?;
-        let mut stored = Vec::with_capacity(ids.len());
-        for id in ids {
-            stored.push(self.harness.get(id).await?);
-        }
-        let mut st = self.state.lock().await;
-        for m in &stored {
-            st.push(Turn::from_unit(m), &self.harness);
-        }
         let limit = self.options.max_token_limit;
-        if st.totals.total() <= limit {
-            return Ok(());
-        }
         // The oldest turns whose removal brings the buffer under the limit.
-        let mut take = 0;
-        let mut remaining = st.totals.total();
-        for (_, n) in &st.turns {
-            if remaining <= limit {
-                break;
+        let take = |st: &MovingState| {
+            let mut take = 0;
+            let mut remaining = st.totals.total();
+            for (_, n) in &st.turns {
+                if remaining <= limit {
+                    break;
+                }
+                remaining -= n;
+                take += 1;
             }
-            remaining -= n;
-            take += 1;
-        }
-        st.fold(
-            &self.harness,
-            &self.thread,
-            BUFFER,
-            take,
-            (limit / 2).max(64),
-            self.options.timeout,
-        )
-        .await?;
+            take
+        };
+        self.core
+            .fold(take, (limit / 2).max(64), self.options.timeout, false)
+            .await?;
         Ok(())
     }
 
     /// The memory variables: `{memory_key: history}`, the moving summary first.
     pub async fn load_memory_variables(&self) -> HashMap<String, MemoryValue> {
-        let st = self.state.lock().await;
+        let st = self.core.state.lock().await;
         let value = if self.options.return_messages {
             let mut msgs = Vec::new();
             if let Some(m) = &st.moving {
@@ -446,9 +688,10 @@ impl SummaryBufferMemory {
         HashMap::from([(self.options.memory_key.clone(), value)])
     }
 
-    /// The moving summary, if any.
+    /// The newest version of the moving summary, if any.
     pub async fn moving_summary(&self) -> Option<(MemoryId, String)> {
-        self.state
+        self.core
+            .state
             .lock()
             .await
             .moving
@@ -457,16 +700,16 @@ impl SummaryBufferMemory {
     }
 
     /// Empties the buffer and the moving summary. The stored turns and summaries stay in
-    /// the store (nothing is deleted); a marker makes a restart start empty too.
+    /// the store (nothing is deleted); the memory's state in the store makes a restart start
+    /// empty too (no marker turn is written).
     pub async fn clear(&self) -> Result<()> {
-        write_marker(&self.harness, &self.thread, BUFFER).await?;
-        self.state.lock().await.clear();
-        Ok(())
+        self.core.clear().await
     }
 
     /// Counters.
     pub async fn stats(&self) -> ConversationStats {
-        self.state
+        self.core
+            .state
             .lock()
             .await
             .stats(BUFFER, self.options.max_token_limit)
@@ -516,10 +759,8 @@ pub const SUMMARY_SEPARATOR: &str = "\n\n--- recent messages ---\n";
 /// unsummarized message is folded into the running summary. On failure every message is
 /// kept (the original keeps only the last five).
 pub struct RunningSummaryMemory {
-    harness: MemoryHarness,
-    thread: ThreadId,
+    core: Core,
     options: RunningSummaryOptions,
-    state: Mutex<MovingState>,
 }
 
 const RUNNING: &str = "running_summary";
@@ -539,56 +780,50 @@ impl RunningSummaryMemory {
             ));
         }
         let thread = ThreadId::new(thread_id)?;
-        let state = MovingState::restore(&harness, &thread, RUNNING).await?;
         Ok(Self {
-            harness,
-            thread,
+            core: Core::open(harness, thread, RUNNING).await?,
             options,
-            state: Mutex::new(state),
         })
     }
 
-    /// Stores a message; summarizes when the estimate passes the limit.
+    /// Stores a message; summarizes when the estimate passes the limit (unless a fold is
+    /// already running: then the next message or `force_summarize` folds the rest).
     pub async fn add_message(&self, role: Role, content: &str) -> Result<MemoryId> {
+        let m = NewMemory::conversational(self.core.thread.clone(), role, content);
         let id = self
-            .harness
-            .add(NewMemory::conversational(
-                self.thread.clone(),
-                role,
-                content,
-            ))
-            .await?;
-        let m = self.harness.get(id).await?;
-        let mut st = self.state.lock().await;
-        st.push(Turn::from_unit(&m), &self.harness);
-        if st.totals.total() > self.options.token_limit {
-            self.fold_all(&mut st).await?;
+            .core
+            .save(vec![m])
+            .await?
+            .pop()
+            .ok_or_else(|| HarnessError::Config("the store returned no id".into()))?;
+        let over = self.core.state.lock().await.totals.total() > self.options.token_limit;
+        if over {
+            self.fold_all(false).await?;
         }
         Ok(id)
     }
 
-    /// Summarizes every unsummarized message now. Returns whether a summary was written.
+    /// Summarizes every unsummarized message now (after a fold already running, if any).
+    /// Returns whether a summary was written.
     pub async fn force_summarize(&self) -> Result<bool> {
-        let mut st = self.state.lock().await;
-        self.fold_all(&mut st).await
+        self.fold_all(true).await
     }
 
-    async fn fold_all(&self, st: &mut MovingState) -> Result<bool> {
-        let all = st.turns.len();
-        st.fold(
-            &self.harness,
-            &self.thread,
-            RUNNING,
-            all,
-            (self.options.token_limit / 2).max(64),
-            self.options.timeout,
-        )
-        .await
+    async fn fold_all(&self, wait: bool) -> Result<bool> {
+        self.core
+            .fold(
+                |st| st.turns.len(),
+                (self.options.token_limit / 2).max(64),
+                self.options.timeout,
+                wait,
+            )
+            .await
     }
 
     /// The running summary text, if any.
     pub async fn get_summary(&self) -> Option<String> {
-        self.state
+        self.core
+            .state
             .lock()
             .await
             .moving
@@ -599,7 +834,7 @@ impl RunningSummaryMemory {
     /// The summary (through the template) and the recent messages, joined by
     /// [`SUMMARY_SEPARATOR`].
     pub async fn load_memory_variables(&self) -> HashMap<String, String> {
-        let st = self.state.lock().await;
+        let st = self.core.state.lock().await;
         let recent: Vec<String> = st
             .turns
             .iter()
@@ -618,17 +853,17 @@ impl RunningSummaryMemory {
 
     /// Counters.
     pub async fn get_memory_stats(&self) -> ConversationStats {
-        self.state
+        self.core
+            .state
             .lock()
             .await
             .stats(RUNNING, self.options.token_limit)
     }
 
-    /// Empties the memory (the store keeps everything; a marker makes a restart start empty).
+    /// Empties the memory (the store keeps everything; its state in the store makes a
+    /// restart start empty; no marker turn is written).
     pub async fn clear(&self) -> Result<()> {
-        write_marker(&self.harness, &self.thread, RUNNING).await?;
-        self.state.lock().await.clear();
-        Ok(())
+        self.core.clear().await
     }
 }
 
@@ -714,7 +949,6 @@ pub struct PendingSummary {
     version: u64,
     start: usize,
     end: usize,
-    ids: Vec<MemoryId>,
     request: SummaryRequest,
 }
 
@@ -773,23 +1007,31 @@ impl AutoContextSummarizer {
         })
     }
 
+    /// The memory a message is stored as: a turn of the thread, tool data in its metadata.
+    fn memory_of(&self, message: &ContextMessage) -> Result<NewMemory> {
+        let mut m =
+            NewMemory::conversational(self.thread.clone(), message.role, message.content.clone());
+        if !message.tool_calls.is_empty() {
+            m.metadata.insert(
+                "tool_calls".into(),
+                serde_json::to_value(&message.tool_calls).map_err(|e| {
+                    HarnessError::Config(format!("tool calls cannot be serialized: {e}"))
+                })?,
+            );
+        }
+        if let Some(id) = &message.tool_call_id {
+            m.metadata.insert("tool_call_id".into(), id.clone().into());
+        }
+        Ok(m)
+    }
+
     /// Stores `message` (tool data in its metadata) and appends it to the context.
     pub async fn push(
         &self,
         messages: &mut Vec<ContextMessage>,
         mut message: ContextMessage,
     ) -> Result<MemoryId> {
-        let mut m =
-            NewMemory::conversational(self.thread.clone(), message.role, message.content.clone());
-        if !message.tool_calls.is_empty() {
-            m.metadata.insert(
-                "tool_calls".into(),
-                serde_json::to_value(&message.tool_calls).unwrap_or_default(),
-            );
-        }
-        if let Some(id) = &message.tool_call_id {
-            m.metadata.insert("tool_call_id".into(), id.clone().into());
-        }
+        let m = self.memory_of(&message)?;
         let id = self.harness.add(m).await?;
         message.memory_id = Some(id);
         messages.push(message);
@@ -841,10 +1083,6 @@ impl AutoContextSummarizer {
             return None;
         }
         let region = &messages[start..end];
-        let ids: Vec<MemoryId> = region.iter().filter_map(|m| m.memory_id).collect();
-        if ids.is_empty() {
-            return None;
-        }
         let items = region
             .iter()
             .map(|m| SummaryItem {
@@ -865,7 +1103,6 @@ impl AutoContextSummarizer {
             version: self.version.load(Ordering::SeqCst),
             start,
             end,
-            ids,
             request: SummaryRequest {
                 previous: None,
                 items,
@@ -896,16 +1133,41 @@ impl AutoContextSummarizer {
     }
 
     /// Applies a finished summary: stores it linked to the messages it replaces and puts it
-    /// in their place. Returns `Outdated` (and changes nothing) when the context changed since
-    /// it was prepared.
+    /// in their place. A replaced message that was never stored (put in the list directly,
+    /// not through [`Self::push`]) is stored first, so the summary's sources hold every
+    /// message it replaces and none is lost. Returns `Outdated` (and changes nothing) when
+    /// the context changed since it was prepared.
     pub async fn apply(
         &self,
         messages: &mut Vec<ContextMessage>,
         done: CompletedSummary,
     ) -> Result<SummarizeOutcome> {
-        if done.pending.version != self.version.load(Ordering::SeqCst) {
+        let (start, end) = (done.pending.start, done.pending.end);
+        if done.pending.version != self.version.load(Ordering::SeqCst)
+            || end > messages.len()
+            || start >= end
+        {
             return Ok(SummarizeOutcome::Outdated);
         }
+        let unstored: Vec<usize> = (start..end)
+            .filter(|i| messages[*i].memory_id.is_none())
+            .collect();
+        if !unstored.is_empty() {
+            let batch = unstored
+                .iter()
+                .map(|i| self.memory_of(&messages[*i]))
+                .collect::<Result<Vec<_>>>()?;
+            let ids = self.harness.add_many(batch).await?;
+            for (i, id) in unstored.iter().zip(ids) {
+                messages[*i].memory_id = Some(id);
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        let source_ids: Vec<MemoryId> = messages[start..end]
+            .iter()
+            .filter_map(|m| m.memory_id)
+            .filter(|id| seen.insert(*id))
+            .collect();
         let mut metadata = cairn_core::Metadata::new();
         metadata.insert(MARK.into(), "auto_context:summary".into());
         let unit = self
@@ -913,7 +1175,7 @@ impl AutoContextSummarizer {
             .add_summary_with(NewSummary {
                 id: None,
                 content: done.text.clone(),
-                source_ids: done.pending.ids.clone(),
+                source_ids,
                 thread_id: Some(self.thread.clone()),
                 summary_type: SummaryType::Conversation,
                 metadata,
@@ -927,8 +1189,8 @@ impl AutoContextSummarizer {
                 .replace("{summary}", &done.text),
         );
         msg.memory_id = Some(unit.id);
-        let replaced = done.pending.end - done.pending.start;
-        messages.splice(done.pending.start..done.pending.end, [msg]);
+        let replaced = end - start;
+        messages.splice(start..end, [msg]);
         self.version.fetch_add(1, Ordering::SeqCst);
         self.since_summary.store(0, Ordering::SeqCst);
         Ok(SummarizeOutcome::Summarized {

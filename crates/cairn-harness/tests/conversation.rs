@@ -114,7 +114,7 @@ async fn summary_buffer_save_load_prune_and_restart() {
         assert!(v.starts_with(&format!("System: {summary}")), "{v}");
         assert!(v.ends_with("AI: answer 5: it is sunny and warm"));
         // The summary expands to exactly the pruned turns, in order; nothing is lost.
-        let covered = mem.expand_summary(sid).await.unwrap();
+        let covered = mem.expand_to_leaves(sid).await.unwrap();
         assert_eq!(covered[0].content, "hi there");
         let all = mem.get_conversational("chat", 100).await.unwrap();
         assert_eq!(all.len(), 14);
@@ -198,7 +198,7 @@ async fn summary_buffer_failure_keeps_every_turn_and_retries() {
     let st = buf.stats().await;
     assert!(st.has_summary && st.estimated_tokens <= 40 && st.last_error.is_none());
     let (sid, _) = buf.moving_summary().await.unwrap();
-    let covered = mem.expand_summary(sid).await.unwrap();
+    let covered = mem.expand_to_leaves(sid).await.unwrap();
     assert_eq!(covered.len() + st.recent_message_count, 12);
 }
 
@@ -239,7 +239,7 @@ async fn eight_tasks_saving_concurrently_lose_nothing() {
     assert_eq!(turns.len(), 160);
     let (sid, _) = buf.moving_summary().await.unwrap();
     let covered: Vec<_> = mem
-        .expand_summary(sid)
+        .expand_to_leaves(sid)
         .await
         .unwrap()
         .into_iter()
@@ -710,4 +710,391 @@ fn context_never_exceeds_budget_and_has_newest_turn() {
             },
         )
         .unwrap();
+}
+
+/// Issue 16 item 8: a fold writes the previous version plus the newly folded turns (links
+/// grow with the turns, not with their square), versions stay at level 1, the newest
+/// version reaches every folded turn through every level, and a restart restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_summaries_link_each_turn_once_and_reach_every_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lin.db");
+    let s = Scripted::new();
+    let mem = harness(&path, s.clone()).await;
+    let opts = SummaryBufferOptions {
+        max_token_limit: 40,
+        ..Default::default()
+    };
+    let buf = SummaryBufferMemory::open(mem.clone(), "lin", opts.clone())
+        .await
+        .unwrap();
+    for i in 0..40 {
+        buf.save_context(
+            &format!("question {i} about the harbour"),
+            &format!("answer {i}: boats come and go"),
+        )
+        .await
+        .unwrap();
+    }
+    let st = buf.stats().await;
+    assert!(st.summaries_written >= 10, "{st:?}");
+    let turns = mem.get_conversational("lin", 1_000).await.unwrap();
+    assert_eq!(turns.len(), 80);
+    let folded = 80 - st.recent_message_count;
+    let (sid, text) = buf.moving_summary().await.unwrap();
+    // Every turn is cited once; each version after the first cites its predecessor once.
+    let store = mem.stats().await.unwrap().store;
+    let versions = usize::try_from(st.summaries_written).unwrap();
+    assert_eq!(store.links, folded + versions - 1, "{store:?}");
+    assert!(
+        store.by_level.keys().all(|l| *l <= 1),
+        "versions stay at level 1: {:?}",
+        store.by_level
+    );
+    // Direct sources: the previous version first, then the turns of the last fold.
+    let direct = mem.expand_summary(sid).await.unwrap();
+    assert_eq!(direct[0].kind, MemoryKind::Summary);
+    assert!(direct[1..]
+        .iter()
+        .all(|m| m.kind == MemoryKind::Conversational));
+    // Drill-down: every folded turn, in order, nothing lost.
+    let leaves: Vec<_> = mem
+        .expand_to_leaves(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    let expected: Vec<_> = turns[..folded].iter().map(|m| m.id).collect();
+    assert_eq!(leaves, expected);
+    // Restart: the newest version and the same buffer.
+    let before = text_of(&buf).await;
+    drop(buf);
+    let again = SummaryBufferMemory::open(mem.clone(), "lin", opts)
+        .await
+        .unwrap();
+    assert_eq!(again.moving_summary().await, Some((sid, text)));
+    assert_eq!(text_of(&again).await, before);
+
+    // The running summary folds the same way.
+    let run = RunningSummaryMemory::open(
+        mem.clone(),
+        "run",
+        RunningSummaryOptions {
+            token_limit: 30,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    for i in 0..30 {
+        run.add_message(Role::User, &format!("note {i} on the tides"))
+            .await
+            .unwrap();
+    }
+    let rs = run.get_memory_stats().await;
+    assert!(rs.summaries_written >= 3, "{rs:?}");
+    let links_after = mem.stats().await.unwrap().store.links;
+    let rfolded = 30 - rs.recent_message_count;
+    let rversions = usize::try_from(rs.summaries_written).unwrap();
+    assert_eq!(links_after - store.links, rfolded + rversions - 1);
+}
+
+async fn text_of(buf: &SummaryBufferMemory) -> String {
+    text(&buf.load_memory_variables().await, "history")
+}
+
+/// Issue 16 item 8: `clear` keeps its mark as state; no turn enters the thread, so recall,
+/// context assembly and consolidation never see one; a restart still starts empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_is_state_not_a_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clr.db");
+    let s = Scripted::new();
+    let mem = harness(&path, s.clone()).await;
+    let opts = SummaryBufferOptions {
+        max_token_limit: 40,
+        ..Default::default()
+    };
+    let buf = SummaryBufferMemory::open(mem.clone(), "c", opts.clone())
+        .await
+        .unwrap();
+    for i in 0..6 {
+        buf.save_context(&format!("before {i} clear"), "ok")
+            .await
+            .unwrap();
+    }
+    buf.clear().await.unwrap();
+    let run = RunningSummaryMemory::open(mem.clone(), "c", RunningSummaryOptions::default())
+        .await
+        .unwrap();
+    run.clear().await.unwrap();
+    buf.save_context("after the clear", "fine").await.unwrap();
+    let all = mem.get_conversational("c", 1_000).await.unwrap();
+    assert_eq!(all.len(), 14, "only the saved turns");
+    assert!(all
+        .iter()
+        .all(|m| m.role != Some(Role::System) && !m.metadata.contains_key("conversation_memory")));
+    let ctx = mem.assemble_context("c", "clear", 2_000).await.unwrap();
+    assert!(!ctx.render().contains("cleared"), "{}", ctx.render());
+    // A restart starts from the clear.
+    let again = SummaryBufferMemory::open(mem.clone(), "c", opts)
+        .await
+        .unwrap();
+    assert_eq!(text_of(&again).await, "Human: after the clear\nAI: fine");
+    assert!(again.moving_summary().await.is_none());
+}
+
+/// Issue 16 item 8: a store written by the earlier code (each summary citing every turn so
+/// far, a clear-marker turn) restores the same, and the next fold continues its newest
+/// summary with the new turns only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_of_the_earlier_format_restore_and_continue() {
+    use cairn_core::{Metadata, NewMemory, SummaryType, ThreadId};
+    use cairn_store::NewSummary;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Scripted::new();
+    let mem = harness(&dir.path().join("old.db"), s.clone()).await;
+    let t = ThreadId::new("old").unwrap();
+    let t0 = chrono::Utc::now() - chrono::Duration::hours(1);
+    let turn = |i: i64, text: &str| {
+        NewMemory::conversational(t.clone(), Role::User, text).at(t0 + chrono::Duration::seconds(i))
+    };
+    let old = mem
+        .add_many(vec![turn(0, "cleared one"), turn(1, "cleared two")])
+        .await
+        .unwrap();
+    let mut marker =
+        NewMemory::conversational(t.clone(), Role::System, "[conversation memory cleared]")
+            .at(t0 + chrono::Duration::seconds(2));
+    marker
+        .metadata
+        .insert("conversation_memory".into(), "summary_buffer:clear".into());
+    mem.add(marker).await.unwrap();
+    let ids = mem
+        .add_many((3..9).map(|i| turn(i, &format!("kept {i}"))).collect())
+        .await
+        .unwrap();
+    let old_summary = |content: &str, sources: &[cairn_core::MemoryId], at: i64| {
+        let mut metadata = Metadata::new();
+        metadata.insert(
+            "conversation_memory".into(),
+            "summary_buffer:summary".into(),
+        );
+        NewSummary {
+            id: None,
+            content: content.into(),
+            source_ids: sources.to_vec(),
+            thread_id: Some(t.clone()),
+            summary_type: SummaryType::Conversation,
+            metadata,
+            created_at: Some(t0 + chrono::Duration::seconds(at)),
+        }
+    };
+    mem.add_summary_with(old_summary("first", &ids[..2], 10))
+        .await
+        .unwrap();
+    let newest = mem
+        .add_summary_with(old_summary("second", &ids[..4], 11))
+        .await
+        .unwrap();
+    let opts = SummaryBufferOptions {
+        max_token_limit: 40,
+        ..Default::default()
+    };
+    let buf = SummaryBufferMemory::open(mem.clone(), "old", opts.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        buf.moving_summary().await,
+        Some((newest.id, "second".into()))
+    );
+    assert_eq!(
+        text_of(&buf).await,
+        "System: second\nHuman: kept 7\nHuman: kept 8"
+    );
+    // Opening again reads the state written by the first open.
+    let again = SummaryBufferMemory::open(mem.clone(), "old", opts.clone())
+        .await
+        .unwrap();
+    assert_eq!(text_of(&again).await, text_of(&buf).await);
+    drop(again);
+    for i in 0..4 {
+        buf.save_context(&format!("new {i} words here"), "reply words")
+            .await
+            .unwrap();
+    }
+    let (sid, _) = buf.moving_summary().await.unwrap();
+    assert_ne!(sid, newest.id);
+    let direct = mem.expand_summary(sid).await.unwrap();
+    assert!(direct.len() < 8, "{}", direct.len());
+    let leaves: Vec<_> = mem
+        .expand_to_leaves(sid)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert!(ids[..6].iter().all(|i| leaves.contains(i)));
+    assert!(!leaves.contains(&old[0]) && !leaves.contains(&old[1]));
+    let recent = buf.stats().await.recent_message_count;
+    let all_new = mem.get_conversational("old", 1_000).await.unwrap().len() - 3;
+    assert_eq!(leaves.len() + recent, all_new, "every turn after the clear");
+}
+
+/// Issue 16 item 8: a message put in the context without being stored is stored before it
+/// is replaced by a summary, and the summary cites it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_context_stores_messages_before_replacing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = harness(&dir.path().join("ac.db"), Scripted::new()).await;
+    let auto = AutoContextSummarizer::new(
+        mem.clone(),
+        "ac",
+        AutoContextOptions {
+            max_unsummarized_messages: 2,
+            min_messages_after_summary: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut msgs = Vec::new();
+    auto.push(&mut msgs, ContextMessage::new(Role::User, "stored first"))
+        .await
+        .unwrap();
+    msgs.push(ContextMessage::new(Role::Assistant, "never stored alpha"));
+    msgs.push(ContextMessage::new(Role::User, "never stored bravo"));
+    auto.push(&mut msgs, ContextMessage::new(Role::User, "stored second"))
+        .await
+        .unwrap();
+    auto.push(&mut msgs, ContextMessage::new(Role::User, "stored newest"))
+        .await
+        .unwrap();
+    let (summary_id, replaced) = match auto.maybe_summarize(&mut msgs).await.unwrap() {
+        SummarizeOutcome::Summarized {
+            summary_id,
+            replaced,
+        } => (summary_id, replaced),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(replaced, 4);
+    let cited: Vec<String> = mem
+        .expand_summary(summary_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(
+        cited,
+        [
+            "stored first",
+            "never stored alpha",
+            "never stored bravo",
+            "stored second"
+        ]
+    );
+    let stored = mem.get_conversational("ac", 100).await.unwrap();
+    assert!(stored
+        .iter()
+        .any(|m| m.content == "never stored alpha" && m.role == Some(Role::Assistant)));
+    assert_eq!(stored.len(), 5);
+}
+
+/// Holds every summarize call until released; says when one has started.
+struct Gate {
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Semaphore,
+    inner: Arc<Scripted>,
+}
+
+#[async_trait]
+impl Summarizer for Gate {
+    fn name(&self) -> &str {
+        "gate"
+    }
+    async fn summarize(&self, r: &SummaryRequest) -> Result<String, SummarizeError> {
+        self.entered.notify_one();
+        let permit = self.release.acquire().await.unwrap();
+        permit.forget();
+        self.inner.summarize(r).await
+    }
+}
+
+/// Issue 16 item 8: while a summary is being written (the summarizer has not answered),
+/// readers answer and saves go through; afterwards nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_and_saves_do_not_wait_for_the_summarizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate {
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Semaphore::new(0),
+        inner: Scripted::new(),
+    });
+    let mem = harness(&dir.path().join("g.db"), gate.clone()).await;
+    let buf = Arc::new(
+        SummaryBufferMemory::open(
+            mem.clone(),
+            "g",
+            SummaryBufferOptions {
+                max_token_limit: 30,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    buf.save_context("a short start", "ok").await.unwrap();
+    let saver = {
+        let buf = buf.clone();
+        tokio::spawn(async move {
+            buf.save_context(
+                "a much longer question that pushes the buffer over its limit",
+                "and a much longer answer that does the same thing again",
+            )
+            .await
+        })
+    };
+    gate.entered.notified().await;
+    let quick = Duration::from_secs(10);
+    let st = tokio::time::timeout(quick, buf.stats())
+        .await
+        .expect("stats waited for the summarizer");
+    assert_eq!(st.recent_message_count, 4);
+    tokio::time::timeout(quick, buf.load_memory_variables())
+        .await
+        .expect("load waited for the summarizer");
+    tokio::time::timeout(quick, buf.moving_summary())
+        .await
+        .expect("moving_summary waited for the summarizer");
+    tokio::time::timeout(quick, buf.save_context("meanwhile", "still here"))
+        .await
+        .expect("a save waited for the summarizer")
+        .unwrap();
+    gate.release.add_permits(100);
+    saver.await.unwrap().unwrap();
+    let st = buf.stats().await;
+    let (sid, _) = buf.moving_summary().await.unwrap();
+    let leaves = mem.expand_to_leaves(sid).await.unwrap();
+    assert_eq!(leaves.len() + st.recent_message_count, 6);
+
+    // The running summary: readers answer during a fold too.
+    let run = Arc::new(
+        RunningSummaryMemory::open(mem.clone(), "g2", RunningSummaryOptions::default())
+            .await
+            .unwrap(),
+    );
+    run.add_message(Role::User, "one message").await.unwrap();
+    let forcing = {
+        let run = run.clone();
+        tokio::spawn(async move { run.force_summarize().await })
+    };
+    gate.entered.notified().await;
+    tokio::time::timeout(quick, run.get_memory_stats())
+        .await
+        .expect("stats waited for the summarizer");
+    tokio::time::timeout(quick, run.load_memory_variables())
+        .await
+        .expect("load waited for the summarizer");
+    assert!(forcing.await.unwrap().unwrap());
 }

@@ -93,7 +93,11 @@ fn main() {
         let max = lat.iter().copied().fold(0.0, f64::max);
         println!(
             "| {} | {n} | {} | {:.2} | {:.2} | {:.0} | {:.1} |",
-            if background { "own thread" } else { "inside the write" },
+            if background {
+                "own thread"
+            } else {
+                "inside the write"
+            },
             lat.len(),
             pct(lat.clone(), 0.5),
             pct(lat.clone(), 0.99),

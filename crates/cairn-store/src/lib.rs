@@ -46,4 +46,6 @@ pub use index::{snapshot_dir, IndexHealth, Manifest, SNAPSHOT_FORMAT};
 pub use options::{DeletePolicy, HnswParams, StoreOptions};
 pub use rows::Filter;
 pub use schema::SCHEMA_VERSION;
-pub use store::{DeleteReport, Hit, IndexCheck, NewSummary, Store, StoreStats, TimelineEntry};
+pub use store::{
+    DeleteReport, Hit, IndexCheck, NewSummary, Store, StoreStats, ThreadState, TimelineEntry,
+};

@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -85,6 +85,24 @@ CREATE TABLE index_log (
     vid    INTEGER NOT NULL,
     origin INTEGER NOT NULL
 );
+"#,
+    // 6: moving summaries and per-thread state (conversation memories).
+    // * `continues`: a link from a summary to the earlier version it continues; it does not
+    //   raise the level (`Store::add_continuation`).
+    // * `thread_state`: small named values per thread (`Store::thread_state`).
+    // * rowids are never reused (`next_rid`), so they are the insertion sequence
+    //   (`Store::thread_tail`), read through `memories_thread_rid`.
+    r#"
+ALTER TABLE summary_sources ADD COLUMN continues INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE thread_state (
+    thread_id TEXT NOT NULL,
+    name      TEXT NOT NULL,
+    value     TEXT NOT NULL,
+    PRIMARY KEY (thread_id, name)
+) WITHOUT ROWID;
+CREATE INDEX memories_thread_rid ON memories (thread_id, rid);
+INSERT OR REPLACE INTO store_meta (key, value)
+    SELECT 'next_rid', CAST(COALESCE(MAX(rid), 0) + 1 AS TEXT) FROM memories;
 "#,
 ];
 

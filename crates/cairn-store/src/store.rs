@@ -78,6 +78,44 @@ impl NewSummary {
     }
 }
 
+/// A small named value of a thread (a conversation memory's state: which summary is its
+/// newest, where a clear left it), kept beside the memories, not as one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadState {
+    /// The thread.
+    pub thread: ThreadId,
+    /// The value's name (non-empty, at most 200 bytes).
+    pub name: String,
+    /// The value (at most 64 KiB).
+    pub value: String,
+}
+
+impl ThreadState {
+    fn validate(&self) -> Result<()> {
+        if self.name.is_empty() || self.name.len() > 200 {
+            return Err(StoreError::Config(format!(
+                "a thread state name must have 1 to 200 bytes (got {})",
+                self.name.len()
+            )));
+        }
+        if self.value.len() > 65_536 {
+            return Err(StoreError::Config(format!(
+                "a thread state value must have at most 64 KiB (got {} bytes)",
+                self.value.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn put_state(tx: &Transaction<'_>, s: &ThreadState) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO thread_state (thread_id, name, value) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![s.thread.as_str(), s.name, s.value])?;
+    Ok(())
+}
+
 /// What a delete did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeleteReport {
@@ -586,6 +624,40 @@ impl Store {
     /// sources, an empty or repeating source list, and self-reference are errors and write
     /// nothing.
     pub fn add_summary(&self, summary: NewSummary, embedding: Vec<f32>) -> Result<MemoryUnit> {
+        self.write_summary(summary, None, None, embedding)
+    }
+
+    /// Writes a new version of a moving summary: a summary of `summary.source_ids` (the
+    /// newly folded memories) that continues `previous` (the version before it, when there
+    /// is one), together with a thread-state value, in one transaction.
+    ///
+    /// The previous version is linked as the first source with a *continuation* link, so
+    /// [`Self::leaves`] and [`Self::sources`] reach everything every earlier version
+    /// covered, while each version writes only its new links. A continuation link does not
+    /// raise the level: the level is the higher of the previous version's level and 1 + the
+    /// highest level of the new sources (a chain of moving summaries over turns stays at
+    /// level 1, however many versions it has). The previous version must be a summary of the
+    /// same thread (or of none); otherwise the rules of [`Self::add_summary`] apply.
+    pub fn add_continuation(
+        &self,
+        summary: NewSummary,
+        previous: Option<MemoryId>,
+        state: Option<ThreadState>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        if let Some(s) = &state {
+            s.validate()?;
+        }
+        self.write_summary(summary, previous, state, embedding)
+    }
+
+    fn write_summary(
+        &self,
+        summary: NewSummary,
+        previous: Option<MemoryId>,
+        state: Option<ThreadState>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
         cairn_core::NewMemory::new(MemoryKind::Summary, summary.content.clone())
             .with_metadata(summary.metadata.clone())
             .validate()?;
@@ -594,7 +666,7 @@ impl Store {
         }
         let id = summary.id.unwrap_or_default();
         let mut seen = HashSet::new();
-        for s in &summary.source_ids {
+        for s in previous.iter().chain(&summary.source_ids) {
             if *s == id {
                 return Err(StoreError::SelfReference { id });
             }
@@ -606,16 +678,28 @@ impl Store {
         let now = self.inner.shared.options.clock.now();
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
-            let mut sources = Vec::with_capacity(summary.source_ids.len());
             let summary_thread = summary.thread_id.as_ref().map(ThreadId::as_str);
+            // (facts, whether the link is a continuation)
+            let mut links = Vec::with_capacity(summary.source_ids.len() + 1);
+            if let Some(p) = previous {
+                summary_rid(&tx, p)?;
+                let facts = source_facts(&tx, p)?;
+                check_thread(&tx, summary_thread, p, &facts)?;
+                links.push((facts, true));
+            }
             for sid in &summary.source_ids {
                 let facts = source_facts(&tx, *sid)?;
                 check_thread(&tx, summary_thread, *sid, &facts)?;
-                sources.push(facts);
+                links.push((facts, false));
             }
-            let level = 1 + sources.iter().map(|s| s.level).max().unwrap_or(0);
-            let start = sources.iter().map(|s| s.start).min().unwrap_or(0);
-            let end = sources.iter().map(|s| s.end).max().unwrap_or(0);
+            let level = links
+                .iter()
+                .map(|(s, cont)| if *cont { s.level } else { s.level + 1 })
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            let start = links.iter().map(|(s, _)| s.start).min().unwrap_or(0);
+            let end = links.iter().map(|(s, _)| s.end).max().unwrap_or(0);
             let unit = MemoryUnit {
                 id,
                 kind: MemoryKind::Summary,
@@ -627,22 +711,35 @@ impl Store {
                 level,
                 summary: Some(cairn_core::SummaryInfo {
                     summary_type: summary.summary_type,
-                    source_ids: summary.source_ids.clone(),
+                    source_ids: previous
+                        .iter()
+                        .chain(&summary.source_ids)
+                        .copied()
+                        .collect(),
                     time_range_start: from_micros(start),
                     time_range_end: from_micros(end),
-                    source_count: sources.len(),
+                    source_count: links.len(),
                     level,
                     stale: false,
                 }),
             };
             let (vid, rid) = insert_row(&tx, shared, &unit, &v)?;
             let mut link = tx.prepare_cached(
-                "INSERT INTO summary_sources (summary, source, position) VALUES (?1, ?2, ?3)",
+                "INSERT INTO summary_sources (summary, source, position, continues)
+                 VALUES (?1, ?2, ?3, ?4)",
             )?;
-            for (pos, s) in sources.iter().enumerate() {
-                link.execute(params![rid, s.rid, i64::try_from(pos).unwrap_or(i64::MAX)])?;
+            for (pos, (s, cont)) in links.iter().enumerate() {
+                link.execute(params![
+                    rid,
+                    s.rid,
+                    i64::try_from(pos).unwrap_or(i64::MAX),
+                    i64::from(*cont)
+                ])?;
             }
             drop(link);
+            if let Some(st) = &state {
+                put_state(&tx, st)?;
+            }
             tx.commit()?;
             shared.index.insert(&[Entry {
                 vid,
@@ -651,6 +748,97 @@ impl Store {
             }]);
             after_commit(conn, shared);
             Ok(unit)
+        })
+    }
+
+    /// A named value of a thread (see [`ThreadState`]), if one was written.
+    pub fn thread_state(&self, thread: &ThreadId, name: &str) -> Result<Option<String>> {
+        let thread = thread.as_str().to_owned();
+        let name = name.to_owned();
+        self.read(move |c| {
+            Ok(c.prepare_cached(
+                "SELECT value FROM thread_state WHERE thread_id = ?1 AND name = ?2",
+            )?
+            .query_row(params![thread, name], |r| r.get(0))
+            .optional()?)
+        })
+    }
+
+    /// Writes (or replaces) a named value of a thread.
+    pub fn set_thread_state(&self, state: ThreadState) -> Result<()> {
+        state.validate()?;
+        self.write(move |conn, _| {
+            let tx = begin(conn)?;
+            put_state(&tx, &state)?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// The memories of `kind` in `thread` inserted after sequence number `after`, in
+    /// insertion order, each with its sequence number. One index range over (`thread_id`,
+    /// rowid): the cost is that of the rows returned, not of the thread.
+    ///
+    /// The sequence number of a memory is its rowid, which only grows and is never reused
+    /// (see [`Self::sequenced`]).
+    pub fn thread_tail(
+        &self,
+        thread: &ThreadId,
+        kind: MemoryKind,
+        after: u64,
+    ) -> Result<Vec<(MemoryUnit, u64)>> {
+        let args = vec![
+            Value::Text(thread.as_str().to_owned()),
+            Value::Integer(i64::try_from(after).unwrap_or(i64::MAX)),
+            Value::Text(kind.as_str().to_owned()),
+        ];
+        let rows = self.read(|c| {
+            rows::query_units_with(
+                c,
+                ", m.rid",
+                "INDEXED BY memories_thread_rid
+                 WHERE m.thread_id = ?1 AND m.rid > ?2 AND m.kind = ?3 ORDER BY m.rid",
+                &args,
+            )
+        })?;
+        Ok(rows
+            .into_iter()
+            .map(|(u, rid)| (u, u64::try_from(rid).unwrap_or(0)))
+            .collect())
+    }
+
+    /// The memories `ids` (in that order) with their sequence numbers: the order they were
+    /// inserted in (their rowids, which are never reused, so a memory inserted later always
+    /// has a higher number). `NotFound` for an unknown id.
+    pub fn sequenced(&self, ids: &[MemoryId]) -> Result<Vec<(MemoryUnit, u64)>> {
+        self.read(|c| {
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                let (u, rid) = rows::query_units_with(
+                    c,
+                    ", m.rid",
+                    "WHERE m.id = ?1",
+                    &[Value::Blob(id.as_bytes().to_vec())],
+                )?
+                .pop()
+                .ok_or(StoreError::NotFound { id: *id })?;
+                out.push((u, u64::try_from(rid).unwrap_or(0)));
+            }
+            Ok(out)
+        })
+    }
+
+    /// The highest sequence number given so far (0 for an empty store): every memory
+    /// inserted from now on has a higher one.
+    pub fn last_sequence(&self) -> Result<u64> {
+        self.read(|c| {
+            let n: i64 = c.query_row(
+                "SELECT MAX(COALESCE((SELECT CAST(value AS INTEGER) FROM store_meta WHERE key = 'next_rid'), 1) - 1,
+                            (SELECT COALESCE(MAX(rid), 0) FROM memories))",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(u64::try_from(n).unwrap_or(0))
         })
     }
 
@@ -1636,6 +1824,21 @@ fn next_vid(tx: &Transaction<'_>) -> Result<usize> {
     Ok(vid_usize(next))
 }
 
+/// The rowid for a new memory: a counter in `store_meta`, so rowids are never reused (SQLite
+/// would give a new row the rowid of a deleted newest one) and order memories by insertion
+/// ([`Store::thread_tail`]). Never below the highest rowid + 1, whatever the counter says.
+fn next_rid(tx: &Transaction<'_>) -> Result<i64> {
+    let next: i64 = tx
+        .prepare_cached(
+            "SELECT MAX(COALESCE((SELECT CAST(value AS INTEGER) FROM store_meta WHERE key = 'next_rid'), 1),
+                        (SELECT COALESCE(MAX(rid), 0) + 1 FROM memories))",
+        )?
+        .query_row([], |r| r.get(0))?;
+    tx.prepare_cached("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('next_rid', ?1)")?
+        .execute(params![(next + 1).to_string()])?;
+    Ok(next)
+}
+
 /// Writes a memory's row and keyword row and logs its vid; returns (vid, rid).
 fn insert_row(
     tx: &Transaction<'_>,
@@ -1650,13 +1853,14 @@ fn insert_row(
         return Err(StoreError::DuplicateId { id: u.id });
     }
     let vid = next_vid(tx)?;
+    let rid = next_rid(tx)?;
     let meta = serde_json::to_string(&u.metadata)
         .map_err(|e| StoreError::Config(format!("metadata cannot be serialized: {e}")))?;
     let s = u.summary.as_ref();
     tx.prepare_cached(
         "INSERT INTO memories (id, vid, kind, thread_id, role, content, created_at, metadata, level,
-            summary_type, time_start, time_end, source_count, stale, model_id, embedding)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 0, ?14, ?15)",
+            summary_type, time_start, time_end, source_count, stale, model_id, embedding, rid)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 0, ?14, ?15, ?16)",
     )?
     .execute(params![
         u.id.as_bytes(),
@@ -1674,8 +1878,8 @@ fn insert_row(
         s.map(|s| i64::try_from(s.source_count).unwrap_or(i64::MAX)),
         shared.options.model_id,
         encode_vector(v),
+        rid,
     ])?;
-    let rid = tx.last_insert_rowid();
     tx.prepare_cached("INSERT INTO memories_fts (rowid, content) VALUES (?1, ?2)")?
         .execute(params![rid, u.content])?;
     log_vids(tx, shared, [vid])?;
@@ -1988,10 +2192,11 @@ fn mark_stale(tx: &Transaction<'_>, rids: &[i64]) -> Result<()> {
 
 /// Recomputes level, time range and source count of the given summaries (children before
 /// parents, repeated until stable); returns (vid, new level) of those whose level changed.
+/// A continuation link (a moving summary's previous version) passes its level on unraised.
 fn refresh_summaries(tx: &Transaction<'_>, rids: &[i64]) -> Result<Vec<(usize, u32)>> {
     let mut changed = HashMap::new();
     let mut stmt = tx.prepare_cached(
-        "SELECT 1 + COALESCE(MAX(s.level), -1), MIN(COALESCE(s.time_start, s.created_at)),
+        "SELECT COALESCE(MAX(s.level + 1 - l.continues), 0), MIN(COALESCE(s.time_start, s.created_at)),
                 MAX(COALESCE(s.time_end, s.created_at)), count(*)
          FROM summary_sources l JOIN memories s ON s.rid = l.source WHERE l.summary = ?1",
     )?;

@@ -1038,13 +1038,18 @@ fn version_1_databases_are_migrated() {
     }
     store.close().unwrap();
     // Put the file back to schema 1: the thread index without its covered columns, no
-    // speaker index, no index log.
+    // speaker index, no index log, none of version 6 (continuation links, thread state, rowid
+    // counter).
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "DROP INDEX memories_thread_time;
              DROP INDEX memories_thread_speaker;
              DROP TABLE index_log;
+             DROP INDEX memories_thread_rid;
+             DROP TABLE thread_state;
+             ALTER TABLE summary_sources DROP COLUMN continues;
+             DELETE FROM store_meta WHERE key = 'next_rid';
              CREATE INDEX memories_thread_time ON memories (thread_id, created_at);
              PRAGMA user_version = 1;",
         )
@@ -1124,6 +1129,20 @@ fn version_1_databases_are_migrated() {
         .search_vector(vecs[7].clone(), 1, &Filter::all().thread(t), None)
         .unwrap();
     assert_eq!(hits[0].memory.id, ids[7]);
+    // Schema 5: the rowid counter starts after the rows there were.
+    let last = store.sequenced(&[ids[49]]).unwrap()[0].1;
+    let t = ThreadId::new("t").unwrap();
+    let next = store
+        .insert(
+            NewMemory::conversational(t.clone(), Role::User, "after the migration"),
+            random_unit(&mut rng, 4),
+        )
+        .unwrap();
+    let tail = store
+        .thread_tail(&t, MemoryKind::Conversational, last)
+        .unwrap();
+    assert_eq!(tail.len(), 1);
+    assert_eq!(tail[0].0.id, next.id);
     store.close().unwrap();
 }
 
@@ -1824,4 +1843,98 @@ fn detach_keeps_levels_in_step_and_deletes_empty_summaries() {
     assert!(report.detached.is_empty());
     assert_eq!(store.stats().unwrap().by_kind.get("summary"), None);
     assert!(store.check_index().unwrap().is_consistent());
+}
+
+/// Issue 16 item 8: a moving summary's versions continue each other without raising the
+/// level (also when a detach recomputes levels), the newest reaches every leaf, a thread's
+/// state is written with a version, and sequence numbers are never reused, so the turns
+/// after one are read by one index range.
+#[test]
+fn continuations_keep_their_level_and_sequences_are_never_reused() {
+    let dir = tmp();
+    let store = open(&dir.path().join("c.db"), 8);
+    let mut rng = StdRng::seed_from_u64(8);
+    let t = ThreadId::new("t").unwrap();
+    let mut ins = |i: usize| {
+        store
+            .insert(turn("t", i), random_unit(&mut rng, 8))
+            .unwrap()
+            .id
+    };
+    let turns: Vec<MemoryId> = (0..5).map(&mut ins).collect();
+    let state = |v: &str| cairn_store::ThreadState {
+        thread: t.clone(),
+        name: "moving".into(),
+        value: v.into(),
+    };
+    let mut versions: Vec<MemoryId> = Vec::new();
+    for (i, chunk) in [&turns[..2], &turns[2..3], &turns[3..4]].iter().enumerate() {
+        let s = NewSummary::new(format!("v{i}"), chunk.to_vec()).with_thread(Some(t.clone()));
+        let u = store
+            .add_continuation(
+                s,
+                versions.last().copied(),
+                Some(state(&format!("v{i}"))),
+                unit(vec![1.0; 8]),
+            )
+            .unwrap();
+        assert_eq!(u.level, 1, "version {i}");
+        versions.push(u.id);
+    }
+    assert_eq!(
+        store.thread_state(&t, "moving").unwrap().as_deref(),
+        Some("v2")
+    );
+    assert_eq!(store.thread_state(&t, "other").unwrap(), None);
+    let newest = *versions.last().unwrap();
+    let direct: Vec<_> = store
+        .sources(newest)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(direct, vec![versions[1], turns[3]]);
+    let leaves: Vec<_> = store
+        .leaves(newest)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(leaves, turns[..4].to_vec());
+    assert_eq!(store.stats().unwrap().links, 4 + 2);
+    // A detach recomputes levels with the same rule.
+    store.delete(turns[2], DeletePolicy::Detach).unwrap();
+    for v in &versions {
+        assert_eq!(store.get(*v).unwrap().level, 1);
+    }
+    // A continuation of a memory that is not a summary is refused.
+    let bad = NewSummary::new("x", vec![turns[4]]);
+    assert!(matches!(
+        store.add_continuation(bad, Some(turns[0]), None, unit(vec![1.0; 8])),
+        Err(StoreError::NotASummary { .. })
+    ));
+    // Sequence numbers: the newest memory deleted, the next one still gets a higher number.
+    let last = store.last_sequence().unwrap();
+    let seq4 = store.sequenced(&[turns[4]]).unwrap()[0].1;
+    assert_eq!(last, seq4 + 3, "three versions came after turn 4");
+    store.delete(newest, DeletePolicy::Restrict).unwrap();
+    let deleted_seq = last;
+    let fresh = ins(9);
+    let fresh_seq = store.sequenced(&[fresh]).unwrap()[0].1;
+    assert!(fresh_seq > deleted_seq, "{fresh_seq} <= {deleted_seq}");
+    let tail: Vec<_> = store
+        .thread_tail(&t, MemoryKind::Conversational, seq4 - 1)
+        .unwrap()
+        .into_iter()
+        .map(|(m, _)| m.id)
+        .collect();
+    assert_eq!(tail, vec![turns[4], fresh]);
+    // The same after reopening (the counter is stored).
+    drop(store);
+    let store = open(&dir.path().join("c.db"), 8);
+    let again = store
+        .insert(turn("t", 10), random_unit(&mut rng, 8))
+        .unwrap()
+        .id;
+    assert!(store.sequenced(&[again]).unwrap()[0].1 > fresh_seq);
 }
