@@ -593,6 +593,12 @@ async fn run(cli: Cli) -> Result<()> {
                 if m.kind == MemoryKind::Summary {
                     continue;
                 }
+                // A text speaker is written as the record's `speaker` field.
+                let speaker = m.speaker().map(str::to_owned);
+                let mut metadata = m.metadata;
+                if speaker.is_some() {
+                    metadata.remove(cairn_core::SPEAKER_KEY);
+                }
                 let r = JsonlRecord {
                     id: Some(m.id),
                     thread: m.thread_id,
@@ -600,7 +606,8 @@ async fn run(cli: Cli) -> Result<()> {
                     kind: Some(m.kind),
                     content: m.content,
                     created_at: Some(m.created_at),
-                    metadata: m.metadata,
+                    speaker,
+                    metadata,
                 };
                 serde_json::to_writer(&mut out, &r)?;
                 writeln!(out)?;

@@ -60,6 +60,9 @@ pub enum InputError {
         /// The limit.
         max: usize,
     },
+    /// A speaker's name was empty or only whitespace.
+    #[error("speaker name is empty")]
+    BlankSpeaker,
     /// A time range whose start is after its end.
     #[error("time range starts after it ends")]
     InvalidTimeRange,

@@ -34,7 +34,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{EmbedError, InputError, SummarizeError};
 pub use id::{MemoryId, ThreadId, MAX_THREAD_ID_LEN};
 pub use kind::{MemoryKind, Role, SummaryType};
-pub use memory::{check_metadata, MemoryUnit, Metadata, NewMemory, SummaryInfo, MAX_CONTENT_BYTES};
+pub use memory::{
+    check_metadata, MemoryUnit, Metadata, NewMemory, SummaryInfo, MAX_CONTENT_BYTES, SPEAKER_KEY,
+};
 pub use traits::{
     CharEstimateCounter, Embedder, Summarizer, SummaryItem, SummaryRequest, TermStats, TokenCounter,
 };

@@ -6,6 +6,11 @@ use crate::{InputError, MemoryId, MemoryKind, Role, SummaryType, ThreadId};
 /// Free JSON metadata attached to a memory: always a JSON object.
 pub type Metadata = serde_json::Map<String, serde_json::Value>;
 
+/// The metadata key that holds who said a conversational memory (a name, as text): set it
+/// with [`NewMemory::with_speaker`], read it with [`MemoryUnit::speaker`]. Context assembly
+/// ranks a speaker's turns by it, whatever their text says.
+pub const SPEAKER_KEY: &str = "speaker";
+
 /// The largest accepted memory content, in bytes (1 MiB).
 pub const MAX_CONTENT_BYTES: usize = 1 << 20;
 
@@ -55,6 +60,11 @@ impl MemoryUnit {
     /// True for summaries.
     pub fn is_summary(&self) -> bool {
         self.summary.is_some()
+    }
+
+    /// Who said it: the text its metadata holds under [`SPEAKER_KEY`], if any.
+    pub fn speaker(&self) -> Option<&str> {
+        self.metadata.get(SPEAKER_KEY).and_then(|v| v.as_str())
     }
 }
 
@@ -120,6 +130,20 @@ impl NewMemory {
     pub fn with_metadata(mut self, metadata: Metadata) -> Self {
         self.metadata = metadata;
         self
+    }
+
+    /// Sets who said it (metadata [`SPEAKER_KEY`]); the content need not name them.
+    pub fn with_speaker(mut self, speaker: impl Into<String>) -> Self {
+        self.metadata.insert(
+            SPEAKER_KEY.into(),
+            serde_json::Value::String(speaker.into()),
+        );
+        self
+    }
+
+    /// Who said it: the text its metadata holds under [`SPEAKER_KEY`], if any.
+    pub fn speaker(&self) -> Option<&str> {
+        self.metadata.get(SPEAKER_KEY).and_then(|v| v.as_str())
     }
 
     /// Sets the id (imports that keep their ids).

@@ -10,7 +10,7 @@ use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, Tok
 use cairn_store::Filter;
 
 use crate::harness::{blocking, hybrid_ids, Inner};
-use crate::recall::{score_timeline, vector_query, RecallWeights, ROUTE_SUMMARIES};
+use crate::recall::{keyword_query, score_timeline, vector_query, RecallWeights, ROUTE_SUMMARIES};
 use crate::{HarnessError, MemoryHarness, Result};
 
 /// Why a piece is in the context.
@@ -323,18 +323,30 @@ fn turns_filter(thread: &ThreadId) -> Filter {
         .kinds([MemoryKind::Conversational, MemoryKind::ToolLog])
 }
 
-/// The text embedded for `query` in `thread` (see [`RecallWeights::names_out_of_vector`]).
-fn vector_text<'q>(
+/// The texts searched for `query` in `thread`: by vector and by keyword (see
+/// [`RecallWeights::names_out_of_vector`] and [`RecallWeights::names_out_of_keywords`]).
+fn search_texts<'q>(
     inner: &Inner,
     thread: &ThreadId,
     query: &'q str,
     options: &ContextOptions,
-) -> Result<Cow<'q, str>> {
-    Ok(if options.weights.names_out_of_vector {
-        vector_query(query, &inner.store.thread_speakers(thread)?)
+) -> Result<(Cow<'q, str>, Cow<'q, str>)> {
+    let w = &options.weights;
+    if !(w.names_out_of_vector || w.names_out_of_keywords) {
+        return Ok((Cow::Borrowed(query), Cow::Borrowed(query)));
+    }
+    let speakers = inner.store.thread_speakers(thread)?;
+    let vector = if w.names_out_of_vector {
+        vector_query(query, &speakers)
     } else {
         Cow::Borrowed(query)
-    })
+    };
+    let keyword = if w.names_out_of_keywords {
+        keyword_query(query, &speakers)
+    } else {
+        Cow::Borrowed(query)
+    };
+    Ok((vector, keyword))
 }
 
 pub(crate) fn assemble_blocking(
@@ -345,16 +357,25 @@ pub(crate) fn assemble_blocking(
     options: &ContextOptions,
 ) -> Result<AssembledContext> {
     if query.trim().is_empty() {
-        return assemble_with(inner, thread, query, budget, options, &mut None);
+        return assemble_with(inner, thread, query, query, budget, options, &mut None);
     }
-    // The thread's speakers (an index seek each) first: the query's vector leaves their
-    // names out. Then the model embeds it while the thread's recent turns, summaries,
-    // timeline and keyword matches are read here: none of them needs the vector.
-    let vector_text = vector_text(inner, thread, query, options)?;
+    // The thread's speakers (an index seek each) first: the query's vector and keyword
+    // search leave their names out. Then the model embeds it while the thread's recent
+    // turns, summaries, timeline and keyword matches are read here: none of them needs the
+    // vector.
+    let (vector_text, keyword_text) = search_texts(inner, thread, query, options)?;
     std::thread::scope(|s| {
         let mut pending =
             Some(s.spawn(|| inner.embedder.embed_one(&vector_text).map_err(Into::into)));
-        let out = assemble_with(inner, thread, query, budget, options, &mut pending);
+        let out = assemble_with(
+            inner,
+            thread,
+            query,
+            &keyword_text,
+            budget,
+            options,
+            &mut pending,
+        );
         // Not needed after all (no budget left for recall, or an error): still joined here,
         // so a panic there is not re-raised by the scope.
         if let Some(p) = pending.take() {
@@ -364,11 +385,13 @@ pub(crate) fn assemble_blocking(
     })
 }
 
-/// Assembles the context; `pending` is the query's vector being computed.
+/// Assembles the context; `keyword_text` is what the keyword search looks for, `pending`
+/// the query's vector being computed.
 fn assemble_with(
     inner: &Inner,
     thread: &ThreadId,
     query: &str,
+    keyword_text: &str,
     budget: usize,
     options: &ContextOptions,
     pending: &mut Option<PendingVector<'_>>,
@@ -450,7 +473,7 @@ fn assemble_with(
         let depth = options.recall_depth.max(1);
         let keyword = inner
             .store
-            .search_keyword_ids(query, depth, &turns_filter)?;
+            .search_keyword_ids(keyword_text, depth, &turns_filter)?;
         let qv = join_vector(p)?;
         // The summary route: turns under the level-1 summaries that match the query best.
         let routed = if options.weights.route == 0.0 {

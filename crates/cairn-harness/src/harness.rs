@@ -460,6 +460,27 @@ impl MemoryHarness {
             .await
     }
 
+    /// Adds a conversation turn of `speaker` to `thread`: the speaker is kept as a field of
+    /// the turn (metadata [`cairn_core::SPEAKER_KEY`]), so context assembly recognises their
+    /// turns when a query names them, without the text having to name them. A blank
+    /// speaker is [`cairn_core::InputError::BlankSpeaker`].
+    pub async fn add_conversational_by(
+        &self,
+        thread_id: &str,
+        role: Role,
+        speaker: &str,
+        content: impl Into<String>,
+    ) -> Result<MemoryId> {
+        if speaker.trim().is_empty() {
+            return Err(cairn_core::InputError::BlankSpeaker.into());
+        }
+        self.add(
+            NewMemory::conversational(thread(thread_id)?, role, content)
+                .with_speaker(speaker.trim()),
+        )
+        .await
+    }
+
     /// Adds a fact or passage.
     pub async fn add_knowledge(&self, content: impl Into<String>) -> Result<MemoryId> {
         self.add(NewMemory::new(MemoryKind::Knowledge, content))

@@ -9,7 +9,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use cairn_core::{MemoryId, MemoryKind, Metadata, NewMemory, Role, ThreadId};
+use cairn_core::{MemoryId, MemoryKind, Metadata, NewMemory, Role, ThreadId, SPEAKER_KEY};
 
 /// An import problem, with the line (JSONL) or field (LoCoMo) it concerns.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +61,10 @@ pub struct JsonlRecord {
     /// RFC 3339 time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<DateTime<Utc>>,
+    /// Who said it (a conversation turn's speaker): stored as metadata
+    /// [`cairn_core::SPEAKER_KEY`], which must not say otherwise; must not be blank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speaker: Option<String>,
     /// JSON object.
     #[serde(default, skip_serializing_if = "Metadata::is_empty")]
     pub metadata: Metadata,
@@ -100,7 +104,7 @@ pub fn parse_jsonl(
         );
         let id =
             r.id.unwrap_or_else(|| import_id(thread.as_ref().map_or("", ThreadId::as_str), &key));
-        let m = NewMemory {
+        let mut m = NewMemory {
             id: Some(id),
             kind,
             thread_id: thread,
@@ -109,6 +113,21 @@ pub fn parse_jsonl(
             created_at: r.created_at,
             metadata: r.metadata,
         };
+        if let Some(who) = r.speaker {
+            let who = who.trim();
+            if who.is_empty() {
+                return Err(bad("speaker is blank".into()));
+            }
+            if m.metadata
+                .get(SPEAKER_KEY)
+                .is_some_and(|v| v.as_str() != Some(who))
+            {
+                return Err(bad(format!(
+                    "speaker {who:?} and metadata.{SPEAKER_KEY} disagree"
+                )));
+            }
+            m = m.with_speaker(who);
+        }
         m.validate().map_err(|e| bad(e.to_string()))?;
         out.push(m);
     }
@@ -207,7 +226,9 @@ pub fn parse_locomo(json: &str, thread: &ThreadId) -> Result<LocomoConversation,
             let mut metadata = Metadata::new();
             metadata.insert("dia_id".into(), dia_id.clone().into());
             metadata.insert("session".into(), n.into());
-            metadata.insert("speaker".into(), speaker.clone().into());
+            if !speaker.trim().is_empty() {
+                metadata.insert(SPEAKER_KEY.into(), speaker.clone().into());
+            }
             let offset = chrono::Duration::seconds(30 * i64::try_from(i).unwrap_or(0));
             ids.insert(dia_id.clone());
             turns.push(NewMemory {
@@ -215,7 +236,11 @@ pub fn parse_locomo(json: &str, thread: &ThreadId) -> Result<LocomoConversation,
                 kind: MemoryKind::Conversational,
                 thread_id: Some(thread.clone()),
                 role: Some(role),
-                content: format!("{speaker}: {text}"),
+                content: if speaker.trim().is_empty() {
+                    text
+                } else {
+                    format!("{speaker}: {text}")
+                },
                 created_at: Some(date + offset),
                 metadata,
             });
@@ -296,5 +321,34 @@ mod tests {
         ));
         let bad_thread = "{\"thread\":\"\",\"content\":\"x\"}";
         assert!(parse_jsonl(bad_thread, None).is_err());
+    }
+
+    #[test]
+    fn jsonl_speaker_is_stored_and_checked() {
+        // A valid speaker is stored (trimmed) as the turn's speaker; metadata that agrees is
+        // fine; the content is kept as given.
+        let ok = concat!(
+            "{\"thread\":\"t\",\"role\":\"user\",\"speaker\":\" Gina \",\"content\":\"hi\"}\n",
+            "{\"thread\":\"t\",\"speaker\":\"Jon\",\"metadata\":{\"speaker\":\"Jon\"},\"content\":\"yo\"}"
+        );
+        let m = parse_jsonl(ok, None).unwrap();
+        assert_eq!(m[0].speaker(), Some("Gina"));
+        assert_eq!(m[0].content, "hi");
+        assert_eq!(m[1].speaker(), Some("Jon"));
+        // A blank speaker, or one the metadata contradicts, is an error on its line.
+        for bad in [
+            "{\"thread\":\"t\",\"speaker\":\"  \",\"content\":\"hi\"}",
+            "{\"thread\":\"t\",\"speaker\":\"Gina\",\"metadata\":{\"speaker\":\"Jon\"},\"content\":\"hi\"}",
+            "{\"thread\":\"t\",\"speaker\":\"Gina\",\"metadata\":{\"speaker\":7},\"content\":\"hi\"}",
+        ] {
+            let text = format!("{{\"content\":\"fine\"}}\n{bad}");
+            assert!(
+                matches!(
+                    parse_jsonl(&text, None),
+                    Err(ImportError::Line { line: 2, .. })
+                ),
+                "{bad}"
+            );
+        }
     }
 }

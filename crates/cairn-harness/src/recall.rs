@@ -1,9 +1,13 @@
 //! Ranking a thread's turns for a query, for context assembly.
 //!
 //! Every turn of the thread gets one score, in standard deviations of the thread's scores:
-//! - its match: the vector similarity and the BM25 score, each standardised (the vector
-//!   score over the whole thread, the keyword score over the turns that match a word), then
-//!   weighted (0.6 vector, 0.4 keyword by default);
+//! - its match: the vector similarity and the BM25 score, each in standard deviations of
+//!   the thread's scores, then weighted (0.6 vector, 0.4 keyword by default). The vector
+//!   score's mean and deviation are the whole thread's, estimated from the turns the search
+//!   ranked when it did not reach them all, so a score means the same at any thread length;
+//!   the keyword score is 0 for a turn that matches no word of the query and positive for
+//!   every turn that matches one (a single turn holding a unique name or code stands far
+//!   out);
 //! - plus a share of its neighbours' match: half the better adjacent turn's, a quarter of the
 //!   better turn two away, within one stretch of conversation (no gap over 12 hours). A
 //!   question that matches the query lifts the answer after it, and the answer the
@@ -56,6 +60,11 @@ pub struct RecallWeights {
     /// speaker, whatever the turn says, and the speaker bonus scores who speaks instead.
     /// Default true.
     pub names_out_of_vector: bool,
+    /// Whether the keyword search leaves the names of the thread's speakers out of the
+    /// query: a name matches the turns whose text mentions the speaker (often the other
+    /// speaker's, greeting them), not the turns they said, which the speaker bonus scores
+    /// from the turn's speaker field whatever its text holds. Default true.
+    pub names_out_of_keywords: bool,
 }
 
 impl Default for RecallWeights {
@@ -69,6 +78,7 @@ impl Default for RecallWeights {
             route: 0.0,
             stretch_gap_secs: 12 * 3600,
             names_out_of_vector: true,
+            names_out_of_keywords: true,
         }
     }
 }
@@ -76,30 +86,118 @@ impl Default for RecallWeights {
 /// Level-1 summaries whose turns get the route bonus.
 pub const ROUTE_SUMMARIES: usize = 3;
 
-/// Standardises `values` (mean 0, standard deviation 1); all zeros when they do not vary.
-fn standardise(values: &mut [f32]) {
-    if values.is_empty() {
-        return;
+/// Mean and (population) standard deviation of `values`; `None` when empty.
+fn mean_sd(values: impl Iterator<Item = f64> + Clone) -> Option<(f64, f64)> {
+    let (count, sum) = values
+        .clone()
+        .fold((0usize, 0.0), |(c, s), v| (c + 1, s + v));
+    if count == 0 {
+        return None;
     }
     #[allow(clippy::cast_precision_loss)]
-    let n = values.len() as f64;
-    let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-    let var = values
-        .iter()
-        .map(|&v| (f64::from(v) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let sd = var.sqrt();
+    let n = count as f64;
+    let mean = sum / n;
+    let var = values.map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    Some((mean, var.sqrt()))
+}
+
+/// `(v - mean) / sd` for each of `values`; all zeros when `sd` is (about) 0.
+#[allow(clippy::cast_possible_truncation)]
+fn scale(values: &mut [f32], mean: f64, sd: f64) {
     for v in values.iter_mut() {
-        #[allow(clippy::cast_possible_truncation)]
-        {
-            *v = if sd > 1e-9 {
-                ((f64::from(*v) - mean) / sd) as f32
-            } else {
-                0.0
-            };
-        }
+        *v = if sd > 1e-9 {
+            ((f64::from(*v) - mean) / sd) as f32
+        } else {
+            0.0
+        };
     }
+}
+
+/// Standardises `values` (mean 0, standard deviation 1); all zeros when they do not vary.
+fn standardise(values: &mut [f32]) {
+    if let Some((mean, sd)) = mean_sd(values.iter().map(|&v| f64::from(v))) {
+        scale(values, mean, sd);
+    }
+}
+
+/// The standard normal density.
+fn normal_pdf(z: f64) -> f64 {
+    (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt()
+}
+
+/// The standard normal quantile for `p` in (0, 1) (Acklam's rational approximation,
+/// relative error under 1.2e-9).
+fn normal_quantile(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969_683_028_665_376e1,
+        2.209_460_984_245_205e2,
+        -2.759_285_104_469_687e2,
+        1.383_577_518_672_69e2,
+        -3.066_479_806_614_716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] = [
+        -5.447_609_879_822_406e1,
+        1.615_858_368_580_409e2,
+        -1.556_989_798_598_866e2,
+        6.680_131_188_771_972e1,
+        -1.328_068_155_288_572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784_894_002_430_293e-3,
+        -3.223_964_580_411_365e-1,
+        -2.400_758_277_161_838,
+        -2.549_732_539_343_734,
+        4.374_664_141_464_968,
+        2.938_163_982_698_783,
+    ];
+    const D: [f64; 4] = [
+        7.784_695_709_041_462e-3,
+        3.224_671_290_700_398e-1,
+        2.445_134_137_142_996,
+        3.754_408_661_907_416,
+    ];
+    const LOW: f64 = 0.024_25;
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < LOW {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p <= 1.0 - LOW {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    } else {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    }
+}
+
+/// The mean and standard deviation of all `total` scores of a thread, estimated from the
+/// best `ranked` of them (the others, below them, unknown): the moments of a normal
+/// distribution cut below its top `ranked / total` share, solved for the whole one. When
+/// every score is ranked, their plain mean and standard deviation.
+///
+/// So a turn's standard score is the same whether its thread was ranked whole or only to
+/// some depth: it does not depend on how many turns lie beyond the search depth (filling
+/// them in with the lowest score found shrinks the deviation, and inflates the scores of
+/// long threads by a factor that grows with their length).
+fn thread_moments(ranked: &[f32], total: usize) -> Option<(f64, f64)> {
+    let (mean, sd) = mean_sd(ranked.iter().map(|&v| f64::from(v)))?;
+    if ranked.len() >= total {
+        return Some((mean, sd));
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let p = ranked.len() as f64 / total as f64;
+    // The cut, in the whole distribution's standard scores, and the inverse Mills ratio:
+    // above the cut, the mean is mu + sigma * lambda and the variance
+    // sigma^2 * (1 + cut * lambda - lambda^2).
+    let cut = normal_quantile(1.0 - p);
+    let lambda = normal_pdf(cut) / p;
+    let shrink = (1.0 + cut * lambda - lambda * lambda).max(1e-6);
+    let sigma = sd / shrink.sqrt();
+    Some((mean - sigma * lambda, sigma))
 }
 
 /// One score per timeline entry (same order) for a query whose vector search gave `vector`
@@ -119,24 +217,32 @@ pub(crate) fn score_timeline(
     }
     let v: HashMap<u64, f32> = vector.iter().copied().collect();
     let k: HashMap<u64, f32> = keyword.iter().copied().collect();
-    // Vector: turns beyond the searched depth count as the lowest score found.
-    let floor = vector.iter().map(|h| h.1).reduce(f32::min).unwrap_or(0.0);
+    // Vector: standard scores of the thread (see `thread_moments`), the turns beyond the
+    // searched depth at the lowest score found.
+    let ranked: Vec<f32> = timeline
+        .iter()
+        .filter_map(|e| v.get(&e.vid).copied())
+        .collect();
+    let floor = ranked.iter().copied().reduce(f32::min).unwrap_or(0.0);
     let mut vs: Vec<f32> = timeline
         .iter()
         .map(|e| v.get(&e.vid).copied().unwrap_or(floor))
         .collect();
-    standardise(&mut vs);
-    // Keyword: standardised among the matching turns; the others add nothing.
-    let matched: Vec<usize> = (0..n)
-        .filter(|&i| k.contains_key(&timeline[i].vid))
+    if let Some((mean, sd)) = thread_moments(&ranked, n) {
+        scale(&mut vs, mean, sd);
+    } else {
+        vs.fill(0.0);
+    }
+    // Keyword: in standard deviations of the thread's BM25 scores (a turn that matches no
+    // word scores 0), shifted so that the turns that match nothing stay at 0: every match
+    // counts for something, and the rarer the matches the more they count (one turn that
+    // holds a unique name or code stands far out).
+    let mut ks: Vec<f32> = timeline
+        .iter()
+        .map(|e| k.get(&e.vid).copied().unwrap_or(0.0).max(0.0))
         .collect();
-    let mut ks = vec![0.0f32; n];
-    if matched.len() > 1 {
-        let mut m: Vec<f32> = matched.iter().map(|&i| k[&timeline[i].vid]).collect();
-        standardise(&mut m);
-        for (&i, s) in matched.iter().zip(m) {
-            ks[i] = s;
-        }
+    if let Some((_, sd)) = mean_sd(ks.iter().map(|&x| f64::from(x))) {
+        scale(&mut ks, 0.0, sd);
     }
     let base: Vec<f32> = vs
         .iter()
@@ -250,6 +356,18 @@ fn named_speaker<'a>(timeline: &'a [TimelineEntry], query: &str) -> Option<&'a s
 /// the vector is left to say what the query is about. (Measured on LoCoMo dev:
 /// docs/evaluation.md.)
 pub(crate) fn vector_query<'q>(query: &'q str, speakers: &[String]) -> Cow<'q, str> {
+    replace_names(query, speakers, "someone")
+}
+
+/// `query` as it is searched by keyword for recall: every whole-word mention of one of
+/// `speakers` left out (see [`RecallWeights::names_out_of_keywords`]).
+pub(crate) fn keyword_query<'q>(query: &'q str, speakers: &[String]) -> Cow<'q, str> {
+    replace_names(query, speakers, " ")
+}
+
+/// `query` with every whole-word mention of one of `speakers` (any case, the longest name
+/// first) replaced by `with`; `query` itself when it names none.
+fn replace_names<'q>(query: &'q str, speakers: &[String], with: &str) -> Cow<'q, str> {
     let mut names: Vec<Vec<String>> = speakers
         .iter()
         .map(|n| lower_words(n))
@@ -274,7 +392,7 @@ pub(crate) fn vector_query<'q>(query: &'q str, speakers: &[String]) -> Cow<'q, s
         if let Some(p) = matched {
             let (from, to) = (words[i].0.start, words[i + p.len() - 1].0.end);
             out.push_str(&query[copied..from]);
-            out.push_str("someone");
+            out.push_str(with);
             copied = to;
             i += p.len();
         } else {
@@ -473,6 +591,11 @@ mod tests {
         );
         // A thread without speakers changes nothing.
         assert_eq!(vector_query("Bob?", &[]), "Bob?");
+        // The keyword query leaves them out.
+        assert_eq!(
+            keyword_query("What did Ann Lee tell Bob?", &t),
+            "What did   tell  ?"
+        );
     }
 
     #[test]
@@ -562,7 +685,7 @@ mod tests {
     }
 
     #[test]
-    fn keyword_scores_count_among_matches() {
+    fn every_keyword_match_counts_and_a_single_one_most() {
         let t: Vec<TimelineEntry> = (0..4)
             .map(|i| entry(i * 100_000, u64::try_from(i).unwrap(), "A"))
             .collect();
@@ -570,7 +693,8 @@ mod tests {
             neighbor: 0.0,
             ..RecallWeights::default()
         };
-        // No vector scores: keyword decides; unknown ids are ignored.
+        // No vector scores: keyword decides; unknown ids are ignored. A weak match still
+        // scores above the turns that match nothing.
         let s = score_timeline(
             &t,
             &[],
@@ -579,7 +703,110 @@ mod tests {
             "x",
             &w,
         );
-        assert!(s[2] > s[1] && s[1] == s[3] && s[3] > s[0], "{s:?}");
+        assert!(s[2] > s[0] && s[0] > s[1] && s[1] == s[3], "{s:?}");
+        assert_eq!(s[1], 0.0, "{s:?}");
+        // One turn alone matches (a unique name or code): it gets the most credit, and more
+        // the longer the thread it stands out of.
+        let credit = |n: usize| {
+            let t: Vec<TimelineEntry> = (0..n)
+                .map(|i| {
+                    entry(
+                        i64::try_from(i).unwrap() * 100_000,
+                        u64::try_from(i).unwrap(),
+                        "A",
+                    )
+                })
+                .collect();
+            let s = score_timeline(&t, &[], &[(1, 4.0)], &HashSet::new(), "x", &w);
+            assert!(
+                s.iter().enumerate().all(|(i, x)| i == 1 || *x == 0.0),
+                "{s:?}"
+            );
+            s[1]
+        };
+        assert!(credit(4) > 0.5, "{}", credit(4));
+        assert!(credit(400) > credit(4));
+    }
+
+    /// A thread's similarities as a normal distribution would spread them (its quantiles,
+    /// shuffled over the thread by a fixed stride), with one turn far above the rest.
+    fn spread(n: usize, planted: f32) -> (Vec<TimelineEntry>, Vec<(u64, f32)>) {
+        let t: Vec<TimelineEntry> = (0..n)
+            .map(|i| {
+                entry(
+                    i64::try_from(i).unwrap() * 100_000,
+                    u64::try_from(i).unwrap(),
+                    "A",
+                )
+            })
+            .collect();
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+        let mut hits: Vec<(u64, f32)> = (0..n)
+            .map(|r| {
+                let q = normal_quantile((r as f64 + 0.5) / n as f64);
+                let vid = u64::try_from((r * 7_919) % n).unwrap();
+                (vid, (0.2 + 0.1 * q) as f32)
+            })
+            .collect();
+        hits.iter_mut().find(|h| h.0 == 0).unwrap().1 = planted;
+        hits.sort_by(|a, b| b.1.total_cmp(&a.1));
+        (t, hits)
+    }
+
+    #[test]
+    fn the_vector_scale_does_not_grow_with_the_turns_beyond_the_depth() {
+        let w = RecallWeights {
+            neighbor: 0.0,
+            ..RecallWeights::default()
+        };
+        // Turn 0 is 5 deviations above the mean (0.2 + 5 * 0.1). A thread of 1,000 turns
+        // ranked whole, and threads of 5,000 and 20,000 ranked 1,000 deep: the same
+        // distribution, so the same standard score for it.
+        let score = |n: usize, depth: usize| {
+            let (t, mut hits) = spread(n, 0.7);
+            hits.truncate(depth);
+            let s = score_timeline(&t, &hits, &[], &HashSet::new(), "x", &w);
+            s[0] / w.vector
+        };
+        let whole = score(1_000, 1_000);
+        assert!((whole - 5.0).abs() < 0.1, "{whole}");
+        for n in [5_000, 20_000] {
+            let cut = score(n, 1_000);
+            assert!(
+                (cut - whole).abs() < 0.25,
+                "{n} turns: {cut} against {whole}"
+            );
+            // And ranking the long thread whole gives about the same.
+            let full = score(n, n);
+            assert!((cut - full).abs() < 0.25, "{n} turns: {cut} against {full}");
+        }
+        // The turns beyond the depth stay below every ranked turn.
+        let (t, mut hits) = spread(5_000, 0.7);
+        hits.truncate(1_000);
+        let s = score_timeline(&t, &hits, &[], &HashSet::new(), "x", &w);
+        let ranked: HashSet<u64> = hits.iter().map(|h| h.0).collect();
+        let lowest_ranked = t
+            .iter()
+            .zip(&s)
+            .filter(|(e, _)| ranked.contains(&e.vid))
+            .map(|(_, x)| *x)
+            .fold(f32::INFINITY, f32::min);
+        assert!(t
+            .iter()
+            .zip(&s)
+            .all(|(e, x)| ranked.contains(&e.vid) || *x <= lowest_ranked));
+    }
+
+    #[test]
+    fn normal_quantiles() {
+        for (p, z) in [
+            (0.5, 0.0),
+            (0.975, 1.959_964),
+            (0.01, -2.326_348),
+            (0.8, 0.841_621),
+        ] {
+            assert!((normal_quantile(p) - z).abs() < 1e-5, "{p}");
+        }
     }
 
     #[test]

@@ -684,29 +684,20 @@ async fn context_recalls_answers_and_time_ranges_by_meaning() {
             .map(|i| i.id)
             .collect()
     };
-    // Room for the newest turn and a few recalled ones.
+    // Room for the newest turn and about ten recalled ones. The query's words "new" and
+    // "dog" are in three filler turns ("the new release", two other dogs), and literal
+    // matches score above turns that match no word (issue 16: weak keyword matches used to
+    // score below non-matches); the answer, which shares no word with the query, comes in
+    // by meaning, with the question before it.
     let ctx = mem
-        .assemble_context("pets", "What name did they give the new dog?", 120)
+        .assemble_context("pets", "What name did they give the new dog?", 250)
         .await
         .unwrap();
-    assert!(ctx.tokens <= 120);
+    assert!(ctx.tokens <= 250);
     let got = recalled(&ctx);
     assert!(got.contains(&id_of("Biscuit")), "{}", ctx.render());
-    // It is the question before it that brings the answer in: without the neighbours'
-    // share, turns about other dogs take its place.
-    let alone = cairn_harness::ContextOptions {
-        weights: cairn_harness::RecallWeights {
-            neighbor: 0.0,
-            ..cairn_harness::RecallWeights::default()
-        },
-        ..cairn_harness::ContextOptions::default()
-    };
-    let ctx = mem
-        .assemble_context_with("pets", "What name did they give the new dog?", 120, alone)
-        .await
-        .unwrap();
     assert!(
-        !recalled(&ctx).contains(&id_of("Biscuit")),
+        got.contains(&id_of("calling the puppy")),
         "{}",
         ctx.render()
     );
@@ -796,13 +787,16 @@ async fn context_vector_leaves_speaker_names_out() {
         }
     }
     mem.add_many(batch).await.unwrap();
-    // Room for the newest turn and about two recalled ones.
+    // Room for the newest turn and about two recalled ones. Both arms keep the names in the
+    // keyword query (which leaves them out by default, and so also recalls what Gina said):
+    // only the vector's text differs.
     let recalls = |names_out: bool, question: &'static str, answer: &'static str| {
         let mem = &mem;
         async move {
             let options = cairn_harness::ContextOptions {
                 weights: cairn_harness::RecallWeights {
                     names_out_of_vector: names_out,
+                    names_out_of_keywords: false,
                     ..cairn_harness::RecallWeights::default()
                 },
                 ..cairn_harness::ContextOptions::default()
@@ -829,10 +823,16 @@ async fn context_vector_leaves_speaker_names_out() {
         "names in the vector: {without} of {}",
         pairs.len()
     );
-    // Two of them, case by case.
-    for (question, answer) in [pairs[1], pairs[5]] {
-        assert!(recalls(true, question, answer).await, "{question}");
-        assert!(!recalls(false, question, answer).await, "{question}");
+    // The defaults (names out of the vector and of the keyword query) recall every answer.
+    for (question, answer) in pairs {
+        let ctx = mem.assemble_context("friends", question, 80).await.unwrap();
+        assert!(
+            ctx.items.iter().any(|i| {
+                i.section == cairn_harness::Section::Recalled && i.content.contains(answer)
+            }),
+            "{question}: {}",
+            ctx.render()
+        );
     }
 }
 
