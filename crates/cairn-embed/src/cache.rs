@@ -387,7 +387,11 @@ impl Embedder for CachedEmbedder {
                 .copied()
                 .zip(fresh.iter().map(Vec::as_slice))
                 .collect();
-            self.store(&model, &pairs, &touch)?;
+            // The cache only saves work: a write it cannot make (a full disk) is logged and
+            // the vectors are still returned.
+            if let Err(e) = self.store(&model, &pairs, &touch) {
+                tracing::warn!(error = %e, "embedding cache write failed; vectors returned uncached");
+            }
         }
         for (i, w) in missing.iter().zip(which) {
             out[*i] = fresh.get(w).cloned();
