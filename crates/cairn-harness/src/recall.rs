@@ -708,15 +708,7 @@ mod tests {
         // One turn alone matches (a unique name or code): it gets the most credit, and more
         // the longer the thread it stands out of.
         let credit = |n: usize| {
-            let t: Vec<TimelineEntry> = (0..n)
-                .map(|i| {
-                    entry(
-                        i64::try_from(i).unwrap() * 100_000,
-                        u64::try_from(i).unwrap(),
-                        "A",
-                    )
-                })
-                .collect();
+            let t = line(n);
             let s = score_timeline(&t, &[], &[(1, 4.0)], &HashSet::new(), "x", &w);
             assert!(
                 s.iter().enumerate().all(|(i, x)| i == 1 || *x == 0.0),
@@ -728,10 +720,10 @@ mod tests {
         assert!(credit(400) > credit(4));
     }
 
-    /// A thread's similarities as a normal distribution would spread them (its quantiles,
-    /// shuffled over the thread by a fixed stride), with one turn far above the rest.
-    fn spread(n: usize, planted: f32) -> (Vec<TimelineEntry>, Vec<(u64, f32)>) {
-        let t: Vec<TimelineEntry> = (0..n)
+    /// `n` turns of one speaker, weeks apart (no two in one stretch, so neighbours add
+    /// nothing), index ids 0..n.
+    fn line(n: usize) -> Vec<TimelineEntry> {
+        (0..n)
             .map(|i| {
                 entry(
                     i64::try_from(i).unwrap() * 100_000,
@@ -739,7 +731,13 @@ mod tests {
                     "A",
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    /// A thread's similarities as a normal distribution would spread them (its quantiles,
+    /// shuffled over the thread by a fixed stride), with one turn far above the rest.
+    fn spread(n: usize, planted: f32) -> (Vec<TimelineEntry>, Vec<(u64, f32)>) {
+        let t = line(n);
         #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
         let mut hits: Vec<(u64, f32)> = (0..n)
             .map(|r| {

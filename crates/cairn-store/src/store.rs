@@ -603,17 +603,7 @@ impl Store {
                 vids.push(insert_row(&tx, shared, unit, v)?.0);
             }
             tx.commit()?;
-            let entries: Vec<Entry<'_>> = prepared
-                .iter()
-                .zip(&vids)
-                .map(|((u, v), vid)| Entry {
-                    vid: *vid,
-                    vector: v,
-                    attr: attr_of(shared, u),
-                })
-                .collect();
-            shared.index.insert(&entries);
-            after_commit(conn, shared);
+            index_committed(conn, shared, &prepared, &vids);
             Ok(prepared.into_iter().map(|(u, _)| u).collect())
         })
     }
@@ -1938,7 +1928,8 @@ fn sync_index(conn: &mut Connection, shared: &Shared) {
 
 fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
     let seen = shared.seen.load(Ordering::SeqCst);
-    if shared.resync.load(Ordering::SeqCst) || log_pruned(conn)? > seen {
+    let pruned = log_pruned(conn)?;
+    if shared.resync.load(Ordering::SeqCst) || pruned > seen {
         let head = log_head(conn)?;
         let live = live_rows(conn, &shared.index)?;
         let adopted = adopt_rows(conn, &shared.index, live)?;
@@ -1973,7 +1964,7 @@ fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
     shared.seen.store(head, Ordering::SeqCst);
     // A process that fell further behind than the log keeps re-reads every row instead.
     let keep = i64::try_from(shared.options.index_log_keep).unwrap_or(i64::MAX / 2);
-    if head - log_pruned(conn)? > keep.saturating_mul(2) {
+    if head - pruned > keep.saturating_mul(2) {
         let tx = begin(conn)?;
         let below = head - keep;
         tx.execute("DELETE FROM index_log WHERE seq <= ?1", params![below])?;
@@ -2050,8 +2041,14 @@ fn adopt_rows_partial(
         return Ok(0);
     }
     let vecs = vectors(conn, Some(&missing))?;
-    let entries: Vec<Entry<'_>> = vecs
-        .iter()
+    let entries = entries_of(&vecs, &attrs);
+    index.insert(&entries);
+    Ok(entries.len())
+}
+
+/// Index entries for `vecs` (vid, vector) whose vid has attributes in `attrs`.
+fn entries_of<'a>(vecs: &'a [(usize, Vec<f32>)], attrs: &HashMap<usize, Attr>) -> Vec<Entry<'a>> {
+    vecs.iter()
         .filter_map(|(vid, v)| {
             attrs.get(vid).map(|a| Entry {
                 vid: *vid,
@@ -2059,9 +2056,28 @@ fn adopt_rows_partial(
                 attr: *a,
             })
         })
+        .collect()
+}
+
+/// After a committed insert of `units` (with their vectors) as `vids`: index them, then
+/// snapshot or rebuild as thresholds say (see [`after_commit`]).
+fn index_committed(
+    conn: &Connection,
+    shared: &Shared,
+    units: &[(MemoryUnit, Vec<f32>)],
+    vids: &[usize],
+) {
+    let entries: Vec<Entry<'_>> = units
+        .iter()
+        .zip(vids)
+        .map(|((u, v), vid)| Entry {
+            vid: *vid,
+            vector: v,
+            attr: attr_of(shared, u),
+        })
         .collect();
-    index.insert(&entries);
-    Ok(entries.len())
+    shared.index.insert(&entries);
+    after_commit(conn, shared);
 }
 
 struct SourceFacts {
@@ -2269,14 +2285,19 @@ fn reattr(conn: &Connection, shared: &Shared, vid: usize, level: u32) -> Result<
 /// and on close.
 fn after_commit(conn: &Connection, shared: &Shared) {
     if let Err(e) = after_index_change(conn, shared) {
-        tracing::warn!(error = %e, "index snapshot after a committed write failed; retried later");
-        let mut f = shared
-            .snapshot_failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        f.0 += 1;
-        f.1 = Some(e.to_string());
+        snapshot_failed(shared, &e);
     }
+}
+
+/// Logs and counts a snapshot (or rebuild) that failed after its write committed.
+fn snapshot_failed(shared: &Shared, e: &StoreError) {
+    tracing::warn!(error = %e, "index snapshot after a committed write failed; retried later");
+    let mut f = shared
+        .snapshot_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    f.0 += 1;
+    f.1 = Some(e.to_string());
 }
 
 /// Writes the snapshot; a success clears the last snapshot error.
@@ -2369,17 +2390,7 @@ fn build_fresh(path: &Path, options: &StoreOptions) -> Result<(VectorIndex, i64)
     let live: HashMap<usize, Attr> = live_rows(&conn, &fresh)?.into_iter().collect();
     let vecs = vectors(&conn, None)?;
     conn.execute_batch("COMMIT")?;
-    let entries: Vec<Entry<'_>> = vecs
-        .iter()
-        .filter_map(|(vid, v)| {
-            live.get(vid).map(|a| Entry {
-                vid: *vid,
-                vector: v,
-                attr: *a,
-            })
-        })
-        .collect();
-    fresh.replace_with(&entries);
+    fresh.replace_with(&entries_of(&vecs, &live));
     Ok((fresh, head))
 }
 
@@ -2420,7 +2431,9 @@ fn swap_rebuilt(conn: &Connection, shared: &Shared) {
             n.0 += 1;
             n.1 = Some(r.why);
             drop(n);
-            after_commit_snapshot(shared);
+            if let Err(e) = snapshot(shared) {
+                snapshot_failed(shared, &e);
+            }
         }
         Err(e) => {
             tracing::warn!(error = %e, "a background index rebuild could not catch up; dropped")
@@ -2428,34 +2441,10 @@ fn swap_rebuilt(conn: &Connection, shared: &Shared) {
     }
 }
 
-/// Writes a snapshot after the index changed under a committed state: a failure is logged
-/// and counted like [`after_commit`]'s.
-fn after_commit_snapshot(shared: &Shared) {
-    if let Err(e) = snapshot(shared) {
-        tracing::warn!(error = %e, "index snapshot failed; retried later");
-        let mut f = shared
-            .snapshot_failures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        f.0 += 1;
-        f.1 = Some(e.to_string());
-    }
-}
-
 fn rebuild(conn: &Connection, shared: &Shared, why: Option<String>) -> Result<()> {
     let live: HashMap<usize, Attr> = live_rows(conn, &shared.index)?.into_iter().collect();
     let vecs = vectors(conn, None)?;
-    let entries: Vec<Entry<'_>> = vecs
-        .iter()
-        .filter_map(|(vid, v)| {
-            live.get(vid).map(|a| Entry {
-                vid: *vid,
-                vector: v,
-                attr: *a,
-            })
-        })
-        .collect();
-    shared.index.replace_with(&entries);
+    shared.index.replace_with(&entries_of(&vecs, &live));
     let mut r = shared.rebuilds.lock().unwrap_or_else(|p| p.into_inner());
     r.0 += 1;
     r.1 = why;

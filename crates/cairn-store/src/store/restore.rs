@@ -1,8 +1,7 @@
 //! Whole-store backup reads and exact restores at the row level (the backup file format
 //! itself lives in the harness, which also embeds what a backup holds no vector for).
 
-use super::{after_commit, attr_of, begin, check_thread, insert_row, source_facts, Store};
-use crate::index::Entry;
+use super::{begin, check_thread, index_committed, insert_row, source_facts, Store};
 use crate::rows::{decode_vector, query_units_with};
 use crate::{Result, StoreError};
 
@@ -195,17 +194,7 @@ impl Store {
                 vids.push(vid);
             }
             tx.commit()?;
-            let entries: Vec<Entry<'_>> = prepared
-                .iter()
-                .zip(&vids)
-                .map(|((u, v), vid)| Entry {
-                    vid: *vid,
-                    vector: v,
-                    attr: attr_of(shared, u),
-                })
-                .collect();
-            shared.index.insert(&entries);
-            after_commit(conn, shared);
+            index_committed(conn, shared, &prepared, &vids);
             Ok(prepared.into_iter().map(|(u, _)| u).collect())
         })
     }
