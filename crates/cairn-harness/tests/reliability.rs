@@ -689,14 +689,7 @@ impl Drop for Mount {
 async fn disk_full_fails_cleanly_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let mount = dir.path().join("small");
-    std::fs::create_dir(&mount).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
-        .arg(&mount)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
+    if !mount_tmpfs(&mount, "3m") {
         eprintln!("skipped: mounting a tmpfs needs root (CAP_SYS_ADMIN)");
         return;
     }
