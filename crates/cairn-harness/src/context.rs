@@ -1,16 +1,19 @@
 //! Context assembly: what to send to a model for the next turn of a thread.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
-use cairn_store::Filter;
+use cairn_store::{Filter, TimelineEntry};
 
-use crate::harness::{blocking, hybrid_ids, Inner};
-use crate::recall::{keyword_query, score_timeline, vector_query, RecallWeights, ROUTE_SUMMARIES};
+use crate::harness::{blocking, fuse_ids, hybrid_ids, Inner};
+use crate::recall::{
+    bonus_range, keyword_query, score_entries, score_timeline, time_range, vector_query, QueryCues,
+    RecallWeights, Scales, ROUTE_SUMMARIES,
+};
 use crate::{HarnessError, MemoryHarness, Result};
 
 /// Why a piece is in the context.
@@ -42,8 +45,15 @@ pub struct ContextItem {
     pub created_at: DateTime<Utc>,
     /// The memory's metadata (imports keep theirs: a LoCoMo turn carries its `dia_id`).
     pub metadata: Metadata,
-    /// For summaries: what they summarize.
+    /// For summaries: what they summarize (expand them by this item's id).
     pub source_ids: Vec<MemoryId>,
+    /// For summaries: the time span of what they summarize (its earliest and latest turn,
+    /// through every level).
+    #[serde(default)]
+    pub span: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Its thread.
+    #[serde(default)]
+    pub thread_id: Option<ThreadId>,
     /// Why it is here.
     pub section: Section,
     /// Tokens it costs: a summary or recent turn, as its own message; a recalled turn, its
@@ -83,10 +93,18 @@ const MIN_LINE_TOKENS: usize = 2;
 fn render_item(i: &ContextItem) -> String {
     let date = i.created_at.format("%Y-%m-%d %H:%M");
     match i.section {
-        Section::Summary => format!(
-            "[summary of earlier conversation, up to {date}]\n{}",
-            i.content
-        ),
+        Section::Summary => match i.span {
+            Some((from, to)) => format!(
+                "[summary of earlier conversation, {} to {}]\n{}",
+                from.format("%Y-%m-%d"),
+                to.format("%Y-%m-%d"),
+                i.content
+            ),
+            None => format!(
+                "[summary of earlier conversation, up to {date}]\n{}",
+                i.content
+            ),
+        },
         _ => format!("[{date}] {}", i.content),
     }
 }
@@ -220,6 +238,12 @@ pub struct ContextOptions {
     pub recall_depth: usize,
     /// How recalled turns are scored (see [`RecallWeights`]).
     pub weights: RecallWeights,
+    /// Threads with more turns than this are recalled through their summaries instead of
+    /// scoring every turn: the turns under the summaries that best match the query, the
+    /// turns around the best vector and keyword matches, the turns of a time range the query
+    /// names, and the turns no summary covers yet are scored, and nothing else is read (see
+    /// [`MemoryHarness::assemble_context`]). Default 5,000.
+    pub bounded_above: usize,
 }
 
 impl ContextOptions {
@@ -267,6 +291,7 @@ impl Default for ContextOptions {
             summary_share: 0.05,
             recall_depth: 1_000,
             weights: RecallWeights::default(),
+            bounded_above: 5_000,
         }
     }
 }
@@ -278,6 +303,10 @@ const MAX_TRIED: usize = 320;
 
 /// A context item made of `m`, its token count left at 0.
 fn owned_item(m: MemoryUnit, section: Section) -> ContextItem {
+    let span = m
+        .summary
+        .as_ref()
+        .map(|s| (s.time_range_start, s.time_range_end));
     ContextItem {
         id: m.id,
         kind: m.kind,
@@ -287,6 +316,8 @@ fn owned_item(m: MemoryUnit, section: Section) -> ContextItem {
         created_at: m.created_at,
         metadata: m.metadata,
         source_ids: m.summary.map(|s| s.source_ids).unwrap_or_default(),
+        span,
+        thread_id: m.thread_id,
         section,
         tokens: 0,
     }
@@ -435,21 +466,7 @@ fn assemble_with(
     // 2. Top summaries of the thread (not cited by another summary), covering older turns.
     let mut summaries: Vec<ContextItem> = Vec::new();
     let summary_cap = used + share(budget, options.summary_share);
-    let all_summaries = inner.store.scan(
-        &Filter::all()
-            .thread(thread.clone())
-            .kinds([MemoryKind::Summary]),
-        0,
-        usize::MAX,
-    )?;
-    let cited: HashSet<MemoryId> = all_summaries
-        .iter()
-        .flat_map(|s| s.summary.iter().flat_map(|i| i.source_ids.iter().copied()))
-        .collect();
-    let mut tops: Vec<MemoryUnit> = all_summaries
-        .into_iter()
-        .filter(|s| !cited.contains(&s.id))
-        .collect();
+    let mut tops = inner.store.top_summaries(thread, TOP_SUMMARIES_PER_LEVEL)?;
     tops.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     for s in tops {
         let it = item(s, Section::Summary, counter);
@@ -469,51 +486,23 @@ fn assemble_with(
     // (`pending` is there exactly when the query is not empty; left for the caller to join
     // when no budget is left.)
     if let Some(p) = pending.take_if(|_| used < budget) {
-        let timeline = inner.store.timeline_entries(&turns_filter)?;
-        let depth = options.recall_depth.max(1);
-        let keyword = inner
-            .store
-            .search_keyword_ids(keyword_text, depth, &turns_filter)?;
-        let qv = join_vector(p)?;
-        // The summary route: turns under the level-1 summaries that match the query best.
-        let routed = if options.weights.route == 0.0 {
-            HashSet::new()
+        let turns = inner.store.count_in_thread(thread, &turns_filter.kinds)?;
+        let ranked = if turns > options.bounded_above {
+            bounded_ranking(inner, thread, query, keyword_text, p, options, turns)?
         } else {
-            let f = Filter::all()
-                .thread(thread.clone())
-                .kinds([MemoryKind::Summary])
-                .levels(1, 1);
-            let top: Vec<u64> = hybrid_ids(inner, query, qv.clone(), &f, ROUTE_SUMMARIES)?
-                .into_iter()
-                .map(|(vid, _)| vid)
-                .collect();
-            inner.store.leaf_vids(&top)?
+            exhaustive_ranking(inner, thread, query, keyword_text, p, options)?
         };
-        let vector = inner
-            .store
-            .search_vector_ids(qv, depth, &turns_filter, None)?;
-        let scores = score_timeline(
-            &timeline,
-            &vector,
-            &keyword,
-            &routed,
-            query,
-            &options.weights,
-        );
-        let mut order: Vec<usize> = (0..timeline.len())
-            .filter(|&i| oldest_recent.is_none_or(|t| timeline[i].at <= t))
+        let order: Vec<(u64, f32)> = ranked
+            .into_iter()
+            .filter(|r| oldest_recent.is_none_or(|t| r.2 <= t))
+            .take(MAX_TRIED)
+            .map(|r| (r.0, r.1))
             .collect();
-        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-        order.truncate(MAX_TRIED);
         // Recalled turns share one message: its header and each day's header line are
         // paid by the first turn that needs them.
         let mut block = RecalledBlockCost::new(counter);
         'chunks: for chunk in order.chunks(READ_CHUNK) {
-            let wanted: Vec<(u64, f32)> = chunk
-                .iter()
-                .map(|&i| (timeline[i].vid, scores[i]))
-                .collect();
-            for hit in inner.store.hits(wanted)? {
+            for hit in inner.store.hits(chunk.to_vec())? {
                 if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                     break 'chunks;
                 }
@@ -570,6 +559,238 @@ fn assemble_with(
     Ok(ctx)
 }
 
+/// A turn ranked for recall: index id, score, time.
+type Ranked = (u64, f32, DateTime<Utc>);
+
+/// Uncited summaries looked at per level for the summary section (see
+/// `Store::top_summaries`).
+const TOP_SUMMARIES_PER_LEVEL: usize = 64;
+/// Bounded recall: at most this deep a vector and a keyword ranking.
+const BOUNDED_DEPTH: usize = 400;
+/// Bounded recall: the query's words held by more memories than this are not searched.
+const KEYWORD_MAX_MATCHES: usize = 2_000;
+/// Bounded recall: at most this many of the newest turns no summary covers yet.
+const TAIL_MAX: usize = 2_000;
+/// Bounded recall: the turns of the time range a query names, when it holds no more.
+const RANGE_MAX: usize = 400;
+/// Bounded recall: the summaries of any level the route starts from.
+const ROUTE_HITS: usize = 6;
+/// Bounded recall: the level-1 summaries a higher summary of the route is expanded to.
+const ROUTE_CHILDREN: usize = 2;
+/// Bounded recall: the summary rankings fused for the route are this deep.
+const ROUTE_DEPTH: usize = 30;
+/// Bounded recall: at most this many turns of a routed level-1 summary.
+const SPAN_MAX: usize = 64;
+/// Bounded recall: the best matches whose neighbours are read.
+const WINDOWS: usize = 160;
+/// Bounded recall: neighbours read on each side of a match.
+const NEIGHBOURS: usize = 2;
+
+/// Every turn of the thread scored for the query (see `recall`), best first (ties in time
+/// order).
+fn exhaustive_ranking(
+    inner: &Inner,
+    thread: &ThreadId,
+    query: &str,
+    keyword_text: &str,
+    pending: PendingVector<'_>,
+    options: &ContextOptions,
+) -> Result<Vec<Ranked>> {
+    let f = turns_filter(thread);
+    let timeline = inner.store.timeline_entries(&f)?;
+    let depth = options.recall_depth.max(1);
+    let keyword = inner.store.search_keyword_ids(keyword_text, depth, &f)?;
+    let qv = join_vector(pending)?;
+    // The summary route: turns under the level-1 summaries that match the query best.
+    let routed = if options.weights.route == 0.0 {
+        HashSet::new()
+    } else {
+        let sf = Filter::all()
+            .thread(thread.clone())
+            .kinds([MemoryKind::Summary])
+            .levels(1, 1);
+        let top: Vec<u64> = hybrid_ids(inner, query, qv.clone(), &sf, ROUTE_SUMMARIES)?
+            .into_iter()
+            .map(|(vid, _)| vid)
+            .collect();
+        inner.store.leaf_vids(&top)?
+    };
+    let vector = inner.store.search_vector_ids(qv, depth, &f, None)?;
+    let scores = score_timeline(
+        &timeline,
+        &vector,
+        &keyword,
+        &routed,
+        query,
+        &options.weights,
+    );
+    let mut order: Vec<usize> = (0..timeline.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    Ok(order
+        .into_iter()
+        .map(|i| (timeline[i].vid, scores[i], timeline[i].at))
+        .collect())
+}
+
+/// Midnight (UTC) of a date.
+fn day_start(d: chrono::NaiveDate) -> DateTime<Utc> {
+    d.and_time(chrono::NaiveTime::MIN).and_utc()
+}
+
+/// The level-1 summaries of the thread that recall reads under: the best [`ROUTE_HITS`]
+/// summaries of any level for the query (vector and keyword rankings fused), each one of
+/// level 2 or more replaced by its [`ROUTE_CHILDREN`] level-1 descendants nearest the query.
+fn route(
+    inner: &Inner,
+    thread: &ThreadId,
+    keyword_text: &str,
+    qv: &[f32],
+) -> Result<Vec<MemoryUnit>> {
+    let store = &inner.store;
+    let sf = Filter::all()
+        .thread(thread.clone())
+        .kinds([MemoryKind::Summary]);
+    let v = store.search_vector_ids(qv.to_vec(), ROUTE_DEPTH, &sf, None)?;
+    let k = store.search_keyword_ids_capped(keyword_text, ROUTE_DEPTH, &sf, KEYWORD_MAX_MATCHES)?;
+    let mut chosen: Vec<(u64, f32)> = Vec::new();
+    for (vid, score) in fuse_ids(&[v, k], ROUTE_HITS) {
+        let below = store.descendant_vids(vid, 1)?;
+        if below.is_empty() {
+            chosen.push((vid, score));
+        } else {
+            let mut near = store.similarities(qv.to_vec(), &below)?;
+            near.sort_by(|a, b| b.1.total_cmp(&a.1));
+            near.truncate(ROUTE_CHILDREN);
+            chosen.extend(near);
+        }
+    }
+    let mut seen = HashSet::new();
+    chosen.retain(|(vid, _)| seen.insert(*vid));
+    Ok(store.hits(chosen)?.into_iter().map(|h| h.memory).collect())
+}
+
+/// Joins stretches of one timeline (each contiguous and oldest first) into segments: every
+/// entry once, in time order, cut wherever two entries next to each other were not next to
+/// each other in any stretch (turns between them were not read).
+fn join_stretches(stretches: Vec<Vec<TimelineEntry>>) -> Vec<Vec<TimelineEntry>> {
+    let mut adjacent: HashSet<(u64, u64)> = HashSet::new();
+    let mut all: HashMap<u64, TimelineEntry> = HashMap::new();
+    for s in stretches {
+        for pair in s.windows(2) {
+            adjacent.insert((pair[0].vid, pair[1].vid));
+        }
+        for e in s {
+            all.insert(e.vid, e);
+        }
+    }
+    let mut entries: Vec<TimelineEntry> = all.into_values().collect();
+    entries.sort_by(|a, b| a.at.cmp(&b.at).then(a.vid.cmp(&b.vid)));
+    let mut segments: Vec<Vec<TimelineEntry>> = Vec::new();
+    for e in entries {
+        match segments.last_mut() {
+            Some(seg)
+                if seg
+                    .last()
+                    .is_some_and(|p| adjacent.contains(&(p.vid, e.vid))) =>
+            {
+                seg.push(e);
+            }
+            _ => segments.push(vec![e]),
+        }
+    }
+    segments
+}
+
+/// Recall on a thread of `turns` turns, longer than [`ContextOptions::bounded_above`]: the
+/// same scores as [`exhaustive_ranking`], on the whole thread's scales, for the turns worth
+/// reading only — the turns under the summaries the query routes to (see [`route`]), the
+/// turns around the best vector and keyword matches, the turns of a time range the query
+/// names, and the newest turns no summary covers yet. Best first (ties in time order).
+fn bounded_ranking(
+    inner: &Inner,
+    thread: &ThreadId,
+    query: &str,
+    keyword_text: &str,
+    pending: PendingVector<'_>,
+    options: &ContextOptions,
+    turns: usize,
+) -> Result<Vec<Ranked>> {
+    let store = &inner.store;
+    let w = &options.weights;
+    let f = turns_filter(thread);
+    let depth = options.recall_depth.clamp(1, BOUNDED_DEPTH);
+    // While the model embeds the query: the keyword ranking, the turns not under a summary
+    // yet, the turns of the time range the query names.
+    let keyword = store.search_keyword_ids_capped(keyword_text, depth, &f, KEYWORD_MAX_MATCHES)?;
+    let mut stretches: Vec<Vec<TimelineEntry>> = Vec::new();
+    let mut tail = f.clone();
+    tail.after = store
+        .consolidated_until(thread)?
+        .map(|t| t + chrono::Duration::microseconds(1));
+    stretches.push(store.timeline_page(&tail, TAIL_MAX, true)?.0);
+    if let Some(range) = time_range(query) {
+        let (from, to) = bonus_range(range);
+        let within = f.clone().between(day_start(from), day_start(to));
+        let (page, more) = store.timeline_page(&within, RANGE_MAX, false)?;
+        if !more {
+            stretches.push(page);
+        }
+    }
+    let speakers = store.thread_speakers(thread)?;
+    let qv = join_vector(pending)?;
+    let vector = store.search_vector_ids(qv.clone(), depth, &f, None)?;
+    let scales = Scales::new(&vector, &keyword, turns);
+    // The route: the turns under the summaries that match the query best.
+    let mut routed: HashSet<u64> = HashSet::new();
+    for s in route(inner, thread, keyword_text, &qv)? {
+        let Some(info) = &s.summary else {
+            continue;
+        };
+        let span = f.clone().between(
+            info.time_range_start,
+            info.time_range_end + chrono::Duration::microseconds(1),
+        );
+        let (page, _) = store.timeline_page(&span, SPAN_MAX, false)?;
+        routed.extend(page.iter().map(|e| e.vid));
+        stretches.push(page);
+    }
+    // Around the best matches by vector or keyword alone.
+    let mut vmap: HashMap<u64, f32> = vector.iter().copied().collect();
+    let kmap: HashMap<u64, f32> = keyword.iter().copied().collect();
+    let mut best: Vec<(u64, f32)> = vmap
+        .keys()
+        .chain(kmap.keys().filter(|v| !vmap.contains_key(v)))
+        .map(|v| {
+            let b = scales.base(vmap.get(v).copied(), kmap.get(v).copied(), w);
+            (*v, b)
+        })
+        .collect();
+    best.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    best.truncate(WINDOWS);
+    let found = store.timeline_of(&best.iter().map(|b| b.0).collect::<Vec<_>>())?;
+    let mut times: Vec<DateTime<Utc>> = found.iter().map(|e| e.at).collect();
+    times.dedup();
+    stretches.extend(store.timeline_around(&f, &times, NEIGHBOURS, NEIGHBOURS + 1)?);
+    stretches.extend(found.into_iter().map(|e| vec![e]));
+    let segments = join_stretches(stretches);
+    // Turns the vector search did not rank get their similarity from the index's vectors.
+    let unranked: Vec<u64> = segments
+        .iter()
+        .flatten()
+        .map(|e| e.vid)
+        .filter(|v| !vmap.contains_key(v))
+        .collect();
+    vmap.extend(store.similarities(qv, &unranked)?);
+    let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
+    let mut out: Vec<Ranked> = Vec::new();
+    for seg in &segments {
+        let scores = score_entries(seg, &vmap, &kmap, &scales, &routed, cues, w);
+        out.extend(seg.iter().zip(scores).map(|(e, s)| (e.vid, s, e.at)));
+    }
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
+    Ok(out)
+}
+
 /// Gives each recalled item (in time order) its share of the block's tokens: its line, its
 /// day's header when it is the day's first, the block's header on the first.
 fn attribute_recalled_tokens(items: &mut [ContextItem], counter: &dyn TokenCounter) {
@@ -611,5 +832,47 @@ impl MemoryHarness {
         let inner = self.inner.clone();
         let query = query.to_owned();
         blocking(move || assemble_blocking(&inner, &thread, &query, budget, &options)).await?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(minute: i64, vid: u64) -> TimelineEntry {
+        TimelineEntry {
+            at: DateTime::from_timestamp(1_700_000_000 + minute * 60, 0).unwrap_or_default(),
+            vid,
+            speaker: None,
+            chars: 10,
+        }
+    }
+
+    fn vids(segments: &[Vec<TimelineEntry>]) -> Vec<Vec<u64>> {
+        segments
+            .iter()
+            .map(|s| s.iter().map(|e| e.vid).collect())
+            .collect()
+    }
+
+    /// Overlapping stretches join; stretches that do not touch stay apart even when they
+    /// are close in time (turns between them were not read); a single entry inside a
+    /// stretch adds nothing; entries come once each, in time order.
+    #[test]
+    fn stretches_join_where_they_overlap() {
+        let stretches = vec![
+            vec![entry(10, 10), entry(11, 11), entry(12, 12)],
+            vec![entry(12, 12), entry(13, 13)],
+            vec![entry(11, 11)],
+            vec![entry(20, 20), entry(21, 21)],
+            vec![entry(15, 15)],
+            vec![],
+        ];
+        let joined = join_stretches(stretches);
+        assert_eq!(
+            vids(&joined),
+            vec![vec![10, 11, 12, 13], vec![15], vec![20, 21]]
+        );
+        assert!(join_stretches(Vec::new()).is_empty());
     }
 }

@@ -200,9 +200,85 @@ fn thread_moments(ranked: &[f32], total: usize) -> Option<(f64, f64)> {
     Some((mean - sigma * lambda, sigma))
 }
 
+/// How a thread's match scores are put on one scale (see the module documentation): the
+/// vector similarity's mean and deviation over the whole thread, the similarity given to a
+/// turn the vector search did not rank, and the keyword scores' deviation over the whole
+/// thread (a turn that matches no word scores 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Scales {
+    vector: Option<(f64, f64)>,
+    floor: f32,
+    keyword_sd: Option<f64>,
+}
+
+impl Scales {
+    /// The scales of a thread of `total` turns whose vector search ranked `vector` and whose
+    /// keyword search ranked `keyword` (all of them turns of the thread). Only the ranked
+    /// turns are needed, so the scales cost the same at any thread length.
+    pub(crate) fn new(vector: &[(u64, f32)], keyword: &[(u64, f32)], total: usize) -> Self {
+        let ranked: Vec<f32> = vector.iter().map(|h| h.1).collect();
+        let floor = ranked.iter().copied().reduce(f32::min).unwrap_or(0.0);
+        let n = total.max(keyword.len());
+        let keyword_sd = (n > 0).then(|| {
+            let (sum, squares) = keyword.iter().fold((0.0f64, 0.0f64), |(s, q), h| {
+                let x = f64::from(h.1.max(0.0));
+                (s + x, q + x * x)
+            });
+            #[allow(clippy::cast_precision_loss)]
+            let n = n as f64;
+            let mean = sum / n;
+            (squares / n - mean * mean).max(0.0).sqrt()
+        });
+        Self {
+            vector: thread_moments(&ranked, total.max(ranked.len())),
+            floor,
+            keyword_sd,
+        }
+    }
+
+    /// The match of a turn whose similarity is `v` (the floor when the vector search did not
+    /// rank it) and whose BM25 score is `k` (0 when it matches no word), before neighbours
+    /// and bonuses: what [`score_entries`] starts from.
+    #[allow(clippy::cast_possible_truncation)]
+    pub(crate) fn base(&self, v: Option<f32>, k: Option<f32>, w: &RecallWeights) -> f32 {
+        let v = f64::from(v.unwrap_or(self.floor));
+        let vz = match self.vector {
+            Some((mean, sd)) if sd > 1e-9 => ((v - mean) / sd) as f32,
+            _ => 0.0,
+        };
+        let k = f64::from(k.unwrap_or(0.0).max(0.0));
+        let kz = match self.keyword_sd {
+            Some(sd) if sd > 1e-9 => (k / sd) as f32,
+            _ => 0.0,
+        };
+        w.vector * vz + (1.0 - w.vector) * kz
+    }
+}
+
+/// What of a query the scores use besides its vector and keyword rankings: the one speaker
+/// it names and the time range it names.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QueryCues<'a> {
+    /// The one speaker of the thread the query names.
+    pub speaker: Option<&'a str>,
+    /// The time range the query names, as [from, to) dates.
+    pub range: Option<(NaiveDate, NaiveDate)>,
+}
+
+impl<'a> QueryCues<'a> {
+    /// The cues of `query` among the thread's `speakers`.
+    pub(crate) fn new(query: &str, speakers: impl IntoIterator<Item = &'a str>) -> Self {
+        Self {
+            speaker: named_speaker(speakers, query),
+            range: time_range(query),
+        }
+    }
+}
+
 /// One score per timeline entry (same order) for a query whose vector search gave `vector`
 /// and keyword search gave `keyword` (index id, score; best first; either may hold ids that
-/// are not on the timeline, which are ignored).
+/// are not on the timeline, which are ignored): the whole thread's timeline, scored on its
+/// own scales.
 pub(crate) fn score_timeline(
     timeline: &[TimelineEntry],
     vector: &[(u64, f32)],
@@ -211,37 +287,64 @@ pub(crate) fn score_timeline(
     query: &str,
     w: &RecallWeights,
 ) -> Vec<f32> {
-    let n = timeline.len();
+    let on: HashSet<u64> = timeline.iter().map(|e| e.vid).collect();
+    let vector: Vec<(u64, f32)> = vector
+        .iter()
+        .copied()
+        .filter(|h| on.contains(&h.0))
+        .collect();
+    let keyword: Vec<(u64, f32)> = keyword
+        .iter()
+        .copied()
+        .filter(|h| on.contains(&h.0))
+        .collect();
+    let scales = Scales::new(&vector, &keyword, timeline.len());
+    let cues = QueryCues::new(query, timeline.iter().filter_map(|e| e.speaker.as_deref()));
+    score_entries(
+        timeline,
+        &vector.into_iter().collect(),
+        &keyword.into_iter().collect(),
+        &scales,
+        routed,
+        cues,
+        w,
+    )
+}
+
+/// One score per entry of `entries` (same order): a contiguous stretch of a thread's
+/// timeline, oldest first, scored on the whole thread's `scales`. `vector` and `keyword` hold
+/// the similarities and BM25 scores known (a turn without a similarity gets the scales'
+/// floor, without a keyword score 0); neighbours are looked for within the stretch only.
+pub(crate) fn score_entries(
+    entries: &[TimelineEntry],
+    vector: &HashMap<u64, f32>,
+    keyword: &HashMap<u64, f32>,
+    scales: &Scales,
+    routed: &HashSet<u64>,
+    cues: QueryCues<'_>,
+    w: &RecallWeights,
+) -> Vec<f32> {
+    let n = entries.len();
     if n == 0 {
         return Vec::new();
     }
-    let v: HashMap<u64, f32> = vector.iter().copied().collect();
-    let k: HashMap<u64, f32> = keyword.iter().copied().collect();
-    // Vector: standard scores of the thread (see `thread_moments`), the turns beyond the
-    // searched depth at the lowest score found.
-    let ranked: Vec<f32> = timeline
+    let mut vs: Vec<f32> = entries
         .iter()
-        .filter_map(|e| v.get(&e.vid).copied())
+        .map(|e| vector.get(&e.vid).copied().unwrap_or(scales.floor))
         .collect();
-    let floor = ranked.iter().copied().reduce(f32::min).unwrap_or(0.0);
-    let mut vs: Vec<f32> = timeline
-        .iter()
-        .map(|e| v.get(&e.vid).copied().unwrap_or(floor))
-        .collect();
-    if let Some((mean, sd)) = thread_moments(&ranked, n) {
-        scale(&mut vs, mean, sd);
-    } else {
-        vs.fill(0.0);
+    match scales.vector {
+        Some((mean, sd)) => scale(&mut vs, mean, sd),
+        None => vs.fill(0.0),
     }
-    // Keyword: in standard deviations of the thread's BM25 scores (a turn that matches no
-    // word scores 0), shifted so that the turns that match nothing stay at 0: every match
-    // counts for something, and the rarer the matches the more they count (one turn that
-    // holds a unique name or code stands far out).
-    let mut ks: Vec<f32> = timeline
+    // Keyword: in standard deviations of the thread's BM25 scores, not shifted, so that
+    // the turns that match nothing stay at 0: every match counts for something, and the
+    // rarer the matches the more they count (one turn that holds a unique name or code
+    // stands far out).
+    let mut ks: Vec<f32> = entries
         .iter()
-        .map(|e| k.get(&e.vid).copied().unwrap_or(0.0).max(0.0))
+        .map(|e| keyword.get(&e.vid).copied().unwrap_or(0.0).max(0.0))
         .collect();
-    if let Some((_, sd)) = mean_sd(ks.iter().map(|&x| f64::from(x))) {
+    if let Some(sd) = scales.keyword_sd {
         scale(&mut ks, 0.0, sd);
     }
     let base: Vec<f32> = vs
@@ -252,7 +355,7 @@ pub(crate) fn score_timeline(
     // Neighbours within one stretch of conversation.
     // (Options are validated before; a gap no time can hold links everything.)
     let gap = Duration::try_seconds(w.stretch_gap_secs).unwrap_or(Duration::MAX);
-    let linked = |a: usize, b: usize| (timeline[b].at - timeline[a].at) <= gap;
+    let linked = |a: usize, b: usize| (entries[b].at - entries[a].at) <= gap;
     let prev = |i: usize| (i > 0 && linked(i - 1, i)).then(|| i - 1);
     let next = |i: usize| (i + 1 < n && linked(i, i + 1)).then_some(i + 1);
     let best = |a: Option<usize>, b: Option<usize>| {
@@ -271,7 +374,7 @@ pub(crate) fn score_timeline(
         .collect();
     if w.length != 0.0 {
         #[allow(clippy::cast_precision_loss)]
-        let mut len: Vec<f32> = timeline
+        let mut len: Vec<f32> = entries
             .iter()
             .map(|e| ((e.chars + 1) as f32).ln())
             .collect();
@@ -280,23 +383,23 @@ pub(crate) fn score_timeline(
             *s += w.length * l;
         }
     }
-    if let Some(who) = named_speaker(timeline, query) {
-        for (s, e) in out.iter_mut().zip(timeline) {
+    if let Some(who) = cues.speaker {
+        for (s, e) in out.iter_mut().zip(entries) {
             if e.speaker.as_deref() == Some(who) {
                 *s += w.speaker;
             }
         }
     }
     if w.route != 0.0 {
-        for (s, e) in out.iter_mut().zip(timeline) {
+        for (s, e) in out.iter_mut().zip(entries) {
             if routed.contains(&e.vid) {
                 *s += w.route;
             }
         }
     }
-    if let Some((from, to)) = time_range(query) {
-        let to = to + Duration::days(7);
-        for (s, e) in out.iter_mut().zip(timeline) {
+    if let Some(range) = cues.range {
+        let (from, to) = bonus_range(range);
+        for (s, e) in out.iter_mut().zip(entries) {
             let d = e.at.date_naive();
             if from <= d && d < to {
                 *s += w.time;
@@ -304,6 +407,11 @@ pub(crate) fn score_timeline(
         }
     }
     out
+}
+
+/// The dates a query's time range bonus covers: the range it names and a week after.
+pub(crate) fn bonus_range(range: (NaiveDate, NaiveDate)) -> (NaiveDate, NaiveDate) {
+    (range.0, range.1 + Duration::days(7))
 }
 
 /// The words of `text` (runs of letters and digits), lowercased, each with its byte range.
@@ -331,14 +439,11 @@ fn lower_words(text: &str) -> Vec<String> {
     spanned_words(text).into_iter().map(|(_, w)| w).collect()
 }
 
-/// The one speaker of the timeline that `query` names (as a whole word or words, any case);
-/// `None` when it names none or several.
-fn named_speaker<'a>(timeline: &'a [TimelineEntry], query: &str) -> Option<&'a str> {
+/// The one speaker of `speakers` (repeats allowed) that `query` names (as a whole word or
+/// words, any case); `None` when it names none or several.
+fn named_speaker<'a>(speakers: impl IntoIterator<Item = &'a str>, query: &str) -> Option<&'a str> {
     let words = lower_words(query);
-    let names: HashSet<&str> = timeline
-        .iter()
-        .filter_map(|e| e.speaker.as_deref())
-        .collect();
+    let names: HashSet<&str> = speakers.into_iter().collect();
     let mut named = names.into_iter().filter(|name| {
         let parts = lower_words(name);
         !parts.is_empty() && words.windows(parts.len()).any(|w| w == parts.as_slice())

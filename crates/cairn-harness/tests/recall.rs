@@ -8,7 +8,9 @@ use std::sync::{Arc, OnceLock};
 
 use cairn_core::{Embedder, InputError, MemoryId, NewMemory, Role, ThreadId};
 use cairn_embed::FastEmbedder;
-use cairn_harness::{AssembledContext, HarnessError, MemoryHarness, Section};
+use cairn_harness::{
+    AssembledContext, ConsolidationPolicy, ContextOptions, HarnessError, MemoryHarness, Section,
+};
 
 fn minilm() -> Arc<dyn Embedder> {
     static M: OnceLock<Arc<FastEmbedder>> = OnceLock::new();
@@ -80,6 +82,24 @@ async fn a_unique_code_is_recalled_from_a_five_thousand_turn_thread() {
     }
     let ctx = mem
         .assemble_context("inbox", "What did the message about QZ7RX4 say?", 300)
+        .await
+        .unwrap();
+    assert!(ctx.tokens <= 300);
+    assert!(recalled(&ctx).contains(&code), "{}", ctx.render());
+    // The bounded path (issue 18) finds it too, on a thread no summary covers: the code is
+    // the one word of the query few memories hold, so the keyword search keeps it, and the
+    // turn is read around its match (it is not among the newest turns read as the tail).
+    let bounded = ContextOptions {
+        bounded_above: 0,
+        ..ContextOptions::default()
+    };
+    let ctx = mem
+        .assemble_context_with(
+            "inbox",
+            "What did the message about QZ7RX4 say?",
+            300,
+            bounded,
+        )
         .await
         .unwrap();
     assert!(ctx.tokens <= 300);
@@ -189,4 +209,192 @@ async fn a_named_speaker_is_recalled_without_a_name_prefix() {
             .len(),
         turns.len()
     );
+}
+
+/// A turn of `who` at `at`, as the LoCoMo import writes them: `who: text`, metadata
+/// `speaker`.
+fn spoken(
+    thread: &ThreadId,
+    who: &str,
+    text: &str,
+    at: chrono::DateTime<chrono::Utc>,
+) -> NewMemory {
+    NewMemory::conversational(thread.clone(), Role::User, format!("{who}: {text}"))
+        .at(at)
+        .with_speaker(who)
+}
+
+/// Bounded recall through the hierarchy (issue 18), with the real model: a consolidated
+/// thread of 60 days of small talk, one day of which holds a question and its answer that
+/// shares no word with the query. Recalled through the summaries and the turns around the
+/// best matches, the answer comes back as it does when every turn is scored; most of what
+/// the two paths recall is the same; a time range in the query picks its day's turn; turns
+/// added after consolidation (no summary covers them) are recalled; and the summaries in the
+/// context carry their time span and expand, by their id, to their sources.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_recall_follows_the_hierarchy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir).await;
+    let thread = ThreadId::new("life").unwrap();
+    let filler = [
+        "The weather has been grey all week, lots of drizzle.",
+        "Work is busy, we ship the new release on Friday.",
+        "I watched a documentary about deep sea fish last night.",
+        "My brother started learning the violin.",
+        "The train was late again this morning.",
+        "We repainted the kitchen a pale green.",
+        "I finally finished that long fantasy novel.",
+        "The football match went to penalties.",
+        "I am trying to drink less coffee.",
+        "Our neighbours are renovating their roof.",
+        "The library extended its opening hours.",
+        "My aunt is visiting us next month.",
+        "We went hiking up the hill behind the village.",
+        "The bakery on the corner closed down.",
+        "I started a course on photography.",
+        "Our team lost the quiz night by one point.",
+    ];
+    let t0 = chrono::DateTime::from_timestamp(1_672_560_000, 0).unwrap(); // 2023-01-01
+    let mut turns = Vec::new();
+    for day in 0..60usize {
+        let start = t0 + chrono::Duration::days(i64::try_from(day).unwrap());
+        let mut texts: Vec<String> = (0..12)
+            .map(|i| filler[(day * 5 + i * 3) % filler.len()].to_owned())
+            .collect();
+        if day == 21 {
+            texts.insert(
+                4,
+                "What did you end up calling the puppy you adopted?".into(),
+            );
+            texts.insert(5, "Biscuit! He already knows how to sit and fetch.".into());
+        }
+        if day == 40 {
+            texts.insert(8, "I baked a lemon cake for my sister this weekend.".into());
+        }
+        for (i, text) in texts.iter().enumerate() {
+            let who = if i % 2 == 0 { "Ann" } else { "Bob" };
+            let at = start + chrono::Duration::seconds(30 * i64::try_from(i).unwrap());
+            turns.push(spoken(&thread, who, text, at));
+        }
+    }
+    let contents: Vec<String> = turns.iter().map(|t| t.content.clone()).collect();
+    let ids = mem.add_many(turns).await.unwrap();
+    let id_of = |needle: &str| ids[contents.iter().position(|c| c.contains(needle)).unwrap()];
+    mem.consolidate(
+        ConsolidationPolicy::older_than(std::time::Duration::ZERO)
+            .max_age(std::time::Duration::ZERO),
+    )
+    .await
+    .unwrap();
+    // Turns after consolidation: no summary covers them yet.
+    let late = t0 + chrono::Duration::days(70);
+    let mut after = vec![spoken(
+        &thread,
+        "Bob",
+        "My new locker at the gym is number 8812.",
+        late,
+    )];
+    for i in 1..30i64 {
+        after.push(spoken(
+            &thread,
+            "Ann",
+            filler[usize::try_from(i).unwrap() % filler.len()],
+            late + chrono::Duration::seconds(30 * i),
+        ));
+    }
+    mem.add_many(after).await.unwrap();
+    let bounded = ContextOptions {
+        bounded_above: 0,
+        ..ContextOptions::default()
+    };
+    let exhaustive = ContextOptions {
+        bounded_above: usize::MAX,
+        ..ContextOptions::default()
+    };
+    let query = "What name did they give the new dog?";
+    let b = mem
+        .assemble_context_with("life", query, 400, bounded)
+        .await
+        .unwrap();
+    let e = mem
+        .assemble_context_with("life", query, 400, exhaustive)
+        .await
+        .unwrap();
+    assert!(b.tokens <= 400);
+    for (path, ctx) in [("bounded", &b), ("exhaustive", &e)] {
+        let got = recalled_ids(ctx);
+        assert!(got.contains(&id_of("Biscuit")), "{path}: {}", ctx.render());
+        assert!(
+            got.contains(&id_of("calling the puppy")),
+            "{path}: {}",
+            ctx.render()
+        );
+    }
+    let (rb, re) = (recalled_ids(&b), recalled_ids(&e));
+    let shared = rb.iter().filter(|i| re.contains(i)).count();
+    assert!(
+        shared * 10 >= re.len() * 7,
+        "{shared} of {} shared: bounded\n{}\nexhaustive\n{}",
+        re.len(),
+        b.render(),
+        e.render()
+    );
+    // A time range: its day's turns are read and get the bonus.
+    let ctx = mem
+        .assemble_context_with("life", "What did Ann bake in February 2023?", 120, bounded)
+        .await
+        .unwrap();
+    assert!(
+        recalled_ids(&ctx).contains(&id_of("lemon cake")),
+        "{}",
+        ctx.render()
+    );
+    // The unconsolidated tail.
+    let ctx = mem
+        .assemble_context_with(
+            "life",
+            "Which locker number does Bob have at the gym?",
+            150,
+            bounded,
+        )
+        .await
+        .unwrap();
+    assert!(
+        recalled(&ctx).iter().any(|t| t.contains("8812")),
+        "{}",
+        ctx.render()
+    );
+    // Summaries in the context: their span, and their sources by their id.
+    let wide = ContextOptions {
+        bounded_above: 0,
+        summary_share: 0.6,
+        ..ContextOptions::default()
+    };
+    let ctx = mem
+        .assemble_context_with("life", query, 2_000, wide)
+        .await
+        .unwrap();
+    let summaries: Vec<_> = ctx
+        .items
+        .iter()
+        .filter(|i| i.section == Section::Summary)
+        .collect();
+    assert!(!summaries.is_empty(), "{}", ctx.render());
+    for s in summaries {
+        let (from, to) = s.span.expect("a summary carries its span");
+        assert!(from <= to);
+        assert_eq!(s.thread_id.as_ref(), Some(&thread));
+        let sources = mem.expand_summary(s.id).await.unwrap();
+        let got: Vec<MemoryId> = sources.iter().map(|m| m.id).collect();
+        assert_eq!(got, s.source_ids);
+        let leaves = mem.expand_to_leaves(s.id).await.unwrap();
+        assert!(leaves
+            .iter()
+            .all(|m| from <= m.created_at && m.created_at <= to));
+        assert!(ctx.render().contains(&format!(
+            "{} to {}",
+            from.format("%Y-%m-%d"),
+            to.format("%Y-%m-%d")
+        )));
+    }
 }

@@ -1385,6 +1385,8 @@ fn any_options_answer_or_get_config_errors() {
                         stretch_gap_secs: gap,
                         ..RecallWeights::default()
                     },
+                    // Both recall paths: the bounded one on any thread, or never.
+                    bounded_above: if depth % 2 == 0 { 0 } else { usize::MAX },
                 };
                 rt.block_on(async {
                     match mem

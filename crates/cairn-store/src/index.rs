@@ -39,6 +39,7 @@ pub(crate) struct Attrs {
     threads: HashMap<String, u32>,
     thread_counts: HashMap<u32, usize>,
     kind_counts: HashMap<MemoryKind, usize>,
+    thread_kind_counts: HashMap<(u32, MemoryKind), usize>,
 }
 
 impl Attrs {
@@ -66,6 +67,10 @@ impl Attrs {
         }
         *self.thread_counts.entry(attr.thread).or_default() += 1;
         *self.kind_counts.entry(attr.kind).or_default() += 1;
+        *self
+            .thread_kind_counts
+            .entry((attr.thread, attr.kind))
+            .or_default() += 1;
     }
 
     fn forget_counts(&mut self, a: &Attr) {
@@ -73,6 +78,9 @@ impl Attrs {
             *c = c.saturating_sub(1);
         }
         if let Some(c) = self.kind_counts.get_mut(&a.kind) {
+            *c = c.saturating_sub(1);
+        }
+        if let Some(c) = self.thread_kind_counts.get_mut(&(a.thread, a.kind)) {
             *c = c.saturating_sub(1);
         }
     }
@@ -90,6 +98,19 @@ impl Attrs {
     /// Live entries in a thread.
     pub fn thread_count(&self, key: u32) -> usize {
         self.thread_counts.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Live entries of the given kinds in a thread.
+    pub fn thread_kinds_count(&self, key: u32, kinds: &[MemoryKind]) -> usize {
+        kinds
+            .iter()
+            .map(|k| {
+                self.thread_kind_counts
+                    .get(&(key, *k))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum()
     }
 
     /// Live entries of the given kinds.

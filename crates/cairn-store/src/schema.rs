@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -103,6 +103,12 @@ CREATE TABLE thread_state (
 CREATE INDEX memories_thread_rid ON memories (thread_id, rid);
 INSERT OR REPLACE INTO store_meta (key, value)
     SELECT 'next_rid', CAST(COALESCE(MAX(rid), 0) + 1 AS TEXT) FROM memories;
+"#,
+    // 7: a thread's summaries by level, newest first, without reading its turns
+    // (`Store::top_summaries`, `Store::consolidated_until`): bounded context assembly on
+    // long threads.
+    r#"
+CREATE INDEX memories_thread_kind_level ON memories (thread_id, kind, level, created_at);
 "#,
 ];
 

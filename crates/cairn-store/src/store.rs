@@ -24,6 +24,7 @@ use crate::rows::{
 use crate::schema;
 use crate::{DeletePolicy, Filter, Result, StoreError, StoreOptions};
 
+mod bounded;
 mod restore;
 
 /// A summary to be written.
@@ -1138,30 +1139,11 @@ impl Store {
         let (cond, args) = filter.sql();
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
-                "SELECT m.created_at, m.vid, json_extract(m.metadata, '$.speaker'), \
-                 length(m.content) FROM memories m WHERE 1 = 1{cond} \
+                "SELECT {TIMELINE_COLS} FROM memories m WHERE 1 = 1{cond} \
                  ORDER BY m.created_at, m.rid"
             ))?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                let speaker = text_or_none(r, 2)?;
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, i64>(1)?,
-                    speaker,
-                    r.get::<_, i64>(3)?,
-                ))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (t, vid, speaker, chars) = row?;
-                out.push(TimelineEntry {
-                    at: from_micros(t),
-                    vid: u64::try_from(vid).unwrap_or(u64::MAX),
-                    speaker,
-                    chars: usize::try_from(chars).unwrap_or(0),
-                });
-            }
-            Ok(out)
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), timeline_entry)?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
         })
     }
 
@@ -1590,27 +1572,7 @@ impl Store {
         if k == 0 {
             return Ok(Vec::new());
         }
-        let (cond, cargs) = filter.sql();
-        let mut args = vec![Value::Text(fts)];
-        args.extend(cargs);
-        args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));
-        self.read(|c| {
-            let sql = format!(
-                "SELECT m.vid, bm25(memories_fts) AS s FROM memories_fts
-                 JOIN memories m ON m.rid = memories_fts.rowid
-                 WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?"
-            );
-            let mut stmt = c.prepare_cached(&sql)?;
-            let mut out = Vec::new();
-            let mut q = stmt.query(rusqlite::params_from_iter(args.iter()))?;
-            while let Some(r) = q.next()? {
-                let vid: i64 = r.get(0)?;
-                let s: f64 = r.get(1)?;
-                #[allow(clippy::cast_possible_truncation)] // a BM25 score fits an f32
-                out.push((u64::try_from(vid).unwrap_or(u64::MAX), -s as f32));
-            }
-            Ok(out)
-        })
+        self.read(|c| keyword_ids(c, fts, k, filter))
     }
 
     /// The stored embedding of a memory.
@@ -2160,6 +2122,45 @@ fn text_or_none(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<St
     })
 }
 
+/// The `k` memories admitted by `filter` that best match the FTS5 query `fts` by BM25, as
+/// (index id, negated BM25), best first.
+fn keyword_ids(c: &Connection, fts: String, k: usize, filter: &Filter) -> Result<Vec<(u64, f32)>> {
+    let (cond, cargs) = filter.sql();
+    let mut args = vec![Value::Text(fts)];
+    args.extend(cargs);
+    args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));
+    let sql = format!(
+        "SELECT m.vid, bm25(memories_fts) AS s FROM memories_fts
+         JOIN memories m ON m.rid = memories_fts.rowid
+         WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?"
+    );
+    let mut stmt = c.prepare_cached(&sql)?;
+    let mut out = Vec::new();
+    let mut q = stmt.query(rusqlite::params_from_iter(args.iter()))?;
+    while let Some(r) = q.next()? {
+        let vid: i64 = r.get(0)?;
+        let s: f64 = r.get(1)?;
+        #[allow(clippy::cast_possible_truncation)] // a BM25 score fits an f32
+        out.push((u64::try_from(vid).unwrap_or(u64::MAX), -s as f32));
+    }
+    Ok(out)
+}
+
+/// The columns of a [`TimelineEntry`], over alias `m`.
+const TIMELINE_COLS: &str =
+    "m.created_at, m.vid, json_extract(m.metadata, '$.speaker'), length(m.content)";
+
+/// A row of [`TIMELINE_COLS`].
+fn timeline_entry(r: &rusqlite::Row<'_>) -> rusqlite::Result<TimelineEntry> {
+    let speaker = text_or_none(r, 2)?;
+    Ok(TimelineEntry {
+        at: from_micros(r.get::<_, i64>(0)?),
+        vid: u64::try_from(r.get::<_, i64>(1)?).unwrap_or(u64::MAX),
+        speaker,
+        chars: usize::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+    })
+}
+
 fn summary_rid(conn: &Connection, id: MemoryId) -> Result<i64> {
     let (rid, kind): (i64, String) = conn
         .prepare_cached("SELECT rid, kind FROM memories WHERE id = ?1")?
@@ -2480,9 +2481,9 @@ const STOPWORDS: &[&str] = &[
     "ll", "re", "ve", "d", "m",
 ];
 
-/// Turns free text into an FTS5 query: its words (less function words), quoted, OR-ed.
-/// `None` when it has no words. A query made only of function words keeps them.
-fn fts_query(text: &str) -> Option<String> {
+/// The words of free text an FTS5 query looks for: lowercased, less function words (a text
+/// made only of function words keeps them), once each, at most 64.
+fn fts_words(text: &str) -> Vec<String> {
     let all: Vec<String> = text
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
@@ -2507,16 +2508,24 @@ fn fts_query(text: &str) -> Option<String> {
             break;
         }
     }
-    if words.is_empty() {
-        return None;
-    }
-    Some(
+    words
+}
+
+/// Words as an FTS5 query: quoted, OR-ed; `None` when there are none.
+fn fts_or(words: &[String]) -> Option<String> {
+    (!words.is_empty()).then(|| {
         words
             .iter()
             .map(|w| format!("\"{w}\""))
             .collect::<Vec<_>>()
-            .join(" OR "),
-    )
+            .join(" OR ")
+    })
+}
+
+/// Turns free text into an FTS5 query: its words (less function words), quoted, OR-ed.
+/// `None` when it has no words. A query made only of function words keeps them.
+fn fts_query(text: &str) -> Option<String> {
+    fts_or(&fts_words(text))
 }
 
 #[cfg(test)]

@@ -1039,11 +1039,12 @@ fn version_1_databases_are_migrated() {
     store.close().unwrap();
     // Put the file back to schema 1: the thread index without its covered columns, no
     // speaker index, no index log, none of version 6 (continuation links, thread state, rowid
-    // counter).
+    // counter, none of version 7 (the thread's summaries by level).
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
-            "DROP INDEX memories_thread_time;
+            "DROP INDEX memories_thread_kind_level;
+             DROP INDEX memories_thread_time;
              DROP INDEX memories_thread_speaker;
              DROP TABLE index_log;
              DROP INDEX memories_thread_rid;
@@ -1937,4 +1938,141 @@ fn continuations_keep_their_level_and_sequences_are_never_reused() {
         .unwrap()
         .id;
     assert!(store.sequenced(&[again]).unwrap()[0].1 > fresh_seq);
+}
+
+/// The reads of bounded recall: counts from the index, stretches of a timeline around times
+/// and pages of a range, similarities on the index's vectors, summaries under a summary at
+/// one level, uncited summaries, the newest covered time, and keyword search that leaves
+/// out words most memories hold.
+#[test]
+fn bounded_reads_of_a_long_thread() {
+    let dir = tmp();
+    let store = open(&dir.path().join("s.db"), 4);
+    let t0 = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let at = |i: usize| t0 + chrono::Duration::seconds(60 * i64::try_from(i).unwrap());
+    let a = ThreadId::new("a").unwrap();
+    // 100 turns of thread "a", one a minute; every turn says "common", turn 37 also "rare".
+    let mut turns = Vec::new();
+    for i in 0..100 {
+        let text = if i == 37 {
+            "common rare words".to_owned()
+        } else {
+            format!("common words {i}")
+        };
+        let m = NewMemory::conversational(a.clone(), Role::User, text).at(at(i));
+        let v = unit(vec![1.0, i as f32 / 100.0, 0.0, 0.0]);
+        turns.push((m, v));
+    }
+    let rows = store.insert_batch(turns).unwrap();
+    store
+        .insert(turn("b", 0).at(at(5)), vec![0.0, 0.0, 1.0, 0.0])
+        .unwrap();
+    let kinds = [MemoryKind::Conversational, MemoryKind::ToolLog];
+    assert_eq!(store.count_in_thread(&a, &kinds).unwrap(), 100);
+    assert_eq!(
+        store
+            .count_in_thread(&ThreadId::new("none").unwrap(), &kinds)
+            .unwrap(),
+        0
+    );
+    let f = Filter::all().thread(a.clone()).kinds(kinds);
+    let vid_of = |i: usize| -> u64 { store.timeline_entries(&f).unwrap()[i].vid };
+    // Two before, three from the time on; at the ends, what there is.
+    let around = store
+        .timeline_around(&f, &[at(50), at(0), at(99)], 2, 3)
+        .unwrap();
+    let idx = |s: &Vec<cairn_store::TimelineEntry>| -> Vec<i64> {
+        s.iter().map(|e| (e.at - t0).num_minutes()).collect()
+    };
+    assert_eq!(idx(&around[0]), [48, 49, 50, 51, 52]);
+    assert_eq!(idx(&around[1]), [0, 1, 2]);
+    assert_eq!(idx(&around[2]), [97, 98, 99]);
+    // Pages: the oldest or the newest of a range, oldest first, and whether more remain.
+    let range = f.clone().between(at(10), at(20));
+    let (page, more) = store.timeline_page(&range, 4, false).unwrap();
+    assert_eq!((idx(&page), more), (vec![10, 11, 12, 13], true));
+    let (page, more) = store.timeline_page(&range, 4, true).unwrap();
+    assert_eq!((idx(&page), more), (vec![16, 17, 18, 19], true));
+    let (page, more) = store.timeline_page(&range, 10, true).unwrap();
+    assert_eq!((page.len(), more), (10, false));
+    // By index id, in time order; unknown ids left out.
+    let of = store
+        .timeline_of(&[vid_of(7), vid_of(3), u64::MAX - 1])
+        .unwrap();
+    assert_eq!(idx(&of), [3, 7]);
+    // Similarities on the index's vectors, in the order asked; unknown ids left out.
+    let sims = store
+        .similarities(vec![1.0, 0.0, 0.0, 0.0], &[vid_of(90), vid_of(0), 999_999])
+        .unwrap();
+    assert_eq!(sims.len(), 2);
+    assert_eq!(sims[0].0, vid_of(90));
+    assert!((sims[1].1 - 1.0).abs() < 1e-5 && sims[0].1 < sims[1].1);
+    // Keyword search: "common" is in 100 memories, over a cap of 50, so only "rare" counts;
+    // under a cap of 200 both do.
+    let capped = store
+        .search_keyword_ids_capped("common rare", 10, &f, 50)
+        .unwrap();
+    assert_eq!(capped.len(), 1);
+    assert_eq!(capped[0].0, vid_of(37));
+    let all = store
+        .search_keyword_ids_capped("common rare", 10, &f, 200)
+        .unwrap();
+    assert_eq!(all.len(), 10);
+    assert!(store
+        .search_keyword_ids_capped("common", 10, &f, 50)
+        .unwrap()
+        .is_empty());
+    // Summaries: five level-1 summaries of 10 turns each, two level-2 over the first four.
+    assert_eq!(store.consolidated_until(&a).unwrap(), None);
+    let mut level1 = Vec::new();
+    for c in 0..5 {
+        let sources: Vec<MemoryId> = rows[c * 10..c * 10 + 10].iter().map(|m| m.id).collect();
+        let mut s = NewSummary::new(format!("summary {c}"), sources).with_thread(Some(a.clone()));
+        s.created_at = Some(at(c * 10 + 9));
+        level1.push(store.add_summary(s, vec![0.0, 1.0, 0.0, 0.0]).unwrap());
+    }
+    let mut level2 = Vec::new();
+    for pair in level1[..4].chunks(2) {
+        let mut s = NewSummary::new("roll-up", pair.iter().map(|m| m.id).collect())
+            .with_thread(Some(a.clone()));
+        s.created_at = Some(pair[1].created_at);
+        level2.push(store.add_summary(s, vec![0.0, 1.0, 0.0, 0.0]).unwrap());
+    }
+    assert_eq!(store.consolidated_until(&a).unwrap(), Some(at(49)));
+    // Uncited: the two level-2 summaries and the last level-1, oldest first.
+    let tops: Vec<MemoryId> = store
+        .top_summaries(&a, 64)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(tops, [level2[0].id, level2[1].id, level1[4].id]);
+    assert!(store
+        .top_summaries(&ThreadId::new("b").unwrap(), 64)
+        .unwrap()
+        .is_empty());
+    // Under a level-2 summary at level 1: its two children; under a level-1 one: nothing.
+    let vid_of_summary = |id: MemoryId| -> u64 {
+        let q = store.embedding(id).unwrap();
+        store
+            .search_vector_ids(q, 10, &Filter::all().kinds([MemoryKind::Summary]), None)
+            .unwrap()
+            .into_iter()
+            .map(|(v, _)| v)
+            .find(|v| store.hits(vec![(*v, 0.0)]).unwrap()[0].memory.id == id)
+            .unwrap()
+    };
+    let top = vid_of_summary(level2[1].id);
+    let below = store.descendant_vids(top, 1).unwrap();
+    let below_ids: Vec<MemoryId> = store
+        .hits(below.iter().map(|v| (*v, 0.0)).collect())
+        .unwrap()
+        .into_iter()
+        .map(|h| h.memory.id)
+        .collect();
+    assert_eq!(below_ids, [level1[2].id, level1[3].id]);
+    assert!(store
+        .descendant_vids(vid_of_summary(level1[0].id), 1)
+        .unwrap()
+        .is_empty());
 }
