@@ -1,11 +1,21 @@
-//! `assemble_context` as a thread grows: the recall ranker scores every turn of the thread
-//! (its timeline, two rankings 1,000 deep), so its cost grows with the thread. The hashing
-//! test embedder stands in for the model (its vectors carry no meaning, but cost what the
-//! store does with any vector), so the figures are the harness's own work.
+//! `assemble_context` as a thread grows, exhaustive and bounded (issue 18).
 //!
-//! For each thread size (`CAIRN_BENCH_THREAD_SIZES`, default `1000,10000,50000`): a fresh
-//! store holds one thread of that many turns (30 s apart, a new session every 20 turns, two
-//! speakers, seeded vocabulary), then 100 queries are asked at a 2,000-token budget.
+//! For each thread size (`CAIRN_BENCH_THREAD_SIZES`, default `1000,10000,50000`; add
+//! `200000` for the largest): a fresh store holds one thread of that many turns (30 s
+//! apart, a new session every 20 turns, four a day from 2015, two speakers, seeded vocabulary), built
+//! with the hashing test embedder and consolidated (level-1 summaries of 20 turns, roll-ups
+//! above). Then a child process (so its memory is the reading process's own) opens the store
+//! and asks 100 queries at a 2,000-token budget (after 10 warm-ups), each through the
+//! bounded path (the default above 5,000 turns) and through exhaustive scoring, alternating:
+//! - without the model: the hashing embedder embeds the query (the harness's own work);
+//! - with the model in the call: an embedder that runs MiniLM on the query (its full cost,
+//!   on the call's thread) and returns the hashing vector, so the store built with the
+//!   hashing embedder still answers; the embedding cache is off.
+//!
+//! Reported per size: p50/p99 per path, the share of the exhaustive path's recalled turns the
+//! bounded path recalls too (the hashing vectors carry no meaning, so this measures what the
+//! bound leaves out, not answer quality: `cairn eval locomo --haystack` does that), and the
+//! reading process's resident memory against the store's size on disk.
 //!
 //! `cargo bench --bench context_scale`
 
@@ -18,11 +28,12 @@
     clippy::cast_possible_wrap
 )]
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cairn::embed::HashEmbedder;
-use cairn::{MemoryHarness, NewMemory, Role, ThreadId};
+use cairn::{ConsolidationPolicy, ContextOptions, MemoryHarness, NewMemory, Role, ThreadId};
 
 const WORDS: [&str; 48] = [
     "garden",
@@ -98,74 +109,241 @@ fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Resident memory of this process, in KiB (Linux), and its peak.
+fn rss_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Bytes of a store on disk: the database, its write-ahead log, the index snapshot.
+fn store_bytes(db: &std::path::Path) -> u64 {
+    fn dir_bytes(d: &std::path::Path) -> u64 {
+        std::fs::read_dir(d)
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .map(|e| {
+                        let p = e.path();
+                        if p.is_dir() {
+                            dir_bytes(&p)
+                        } else {
+                            e.metadata().map(|m| m.len()).unwrap_or(0)
+                        }
+                    })
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+    let file = |p: std::path::PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let name = db.file_name().unwrap().to_string_lossy().to_string();
+    file(db.to_path_buf())
+        + file(db.with_file_name(format!("{name}-wal")))
+        + dir_bytes(&cairn::store::snapshot_dir(db))
+}
+
+/// Hashing vectors, at the model's cost: MiniLM embeds the text first (result unused).
+struct ModelCost {
+    hash: HashEmbedder,
+    model: cairn::FastEmbedder,
+}
+
+impl cairn::Embedder for ModelCost {
+    fn model_id(&self) -> &str {
+        self.hash.model_id()
+    }
+    fn dim(&self) -> usize {
+        self.hash.dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn::core::EmbedError> {
+        self.model.embed(texts)?;
+        self.hash.embed(texts)
+    }
+}
+
+fn queries(n: usize) -> Vec<String> {
+    let mut rng = Lcg(7 + n as u64);
+    (0..110)
+        .map(|i| {
+            let who = if i % 3 == 0 { "Ann " } else { "" };
+            format!("What did {who}say about the {}?", rng.words(3))
+        })
+        .collect()
+}
+
+/// The child: opens the store at `db`, asks the queries both ways, prints one result line.
+async fn child(db: &str, n: usize, model: bool) {
+    let embedder: Arc<dyn cairn::Embedder> = if model {
+        Arc::new(ModelCost {
+            hash: HashEmbedder::new(384),
+            model: cairn::FastEmbedder::new().unwrap(),
+        })
+    } else {
+        Arc::new(HashEmbedder::new(384))
+    };
+    let mem = MemoryHarness::builder(db)
+        .embedder(embedder)
+        .embedding_cache(false)
+        .build()
+        .await
+        .unwrap();
+    let bounded = ContextOptions::default();
+    let exhaustive = ContextOptions {
+        bounded_above: usize::MAX,
+        ..ContextOptions::default()
+    };
+    let (mut tb, mut te) = (Vec::new(), Vec::new());
+    let (mut shared, mut of) = (0usize, 0usize);
+    for (i, q) in queries(n).iter().enumerate() {
+        let recalled = |ctx: &cairn::AssembledContext| -> HashSet<cairn::MemoryId> {
+            ctx.items
+                .iter()
+                .filter(|i| i.section == cairn::Section::Recalled)
+                .map(|i| i.id)
+                .collect()
+        };
+        // Alternate which path goes first.
+        let run = |opts: ContextOptions| {
+            let mem = &mem;
+            async move {
+                let t = Instant::now();
+                let ctx = mem
+                    .assemble_context_with("t", q, 2_000, opts)
+                    .await
+                    .unwrap();
+                (t.elapsed().as_secs_f64() * 1e3, ctx)
+            }
+        };
+        let ((b_ms, b), (e_ms, e)) = if i % 2 == 0 {
+            let b = run(bounded).await;
+            (b, run(exhaustive).await)
+        } else {
+            let e = run(exhaustive).await;
+            (run(bounded).await, e)
+        };
+        if i >= 10 {
+            tb.push(b_ms);
+            te.push(e_ms);
+            let (rb, re) = (recalled(&b), recalled(&e));
+            shared += rb.intersection(&re).count();
+            of += re.len();
+        }
+    }
+    let (rss, peak) = rss_kib();
+    println!(
+        "RESULT {} {} {} {} {} {} {} {}",
+        pct(&tb, 0.5),
+        pct(&tb, 0.99),
+        pct(&te, 0.5),
+        pct(&te, 0.99),
+        shared as f64 / of.max(1) as f64,
+        rss,
+        peak,
+        store_bytes(std::path::Path::new(db))
+    );
+}
+
+fn run_child(db: &std::path::Path, n: usize, model: bool) -> Vec<f64> {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("CONTEXT_SCALE_CHILD", db)
+        .env("CONTEXT_SCALE_N", n.to_string())
+        .env("CONTEXT_SCALE_MODEL", if model { "1" } else { "0" })
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("child failed: {text}"));
+    line.split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect()
+}
+
 #[tokio::main]
 async fn main() {
+    if let Ok(db) = std::env::var("CONTEXT_SCALE_CHILD") {
+        let n = std::env::var("CONTEXT_SCALE_N").unwrap().parse().unwrap();
+        let model = std::env::var("CONTEXT_SCALE_MODEL").as_deref() == Ok("1");
+        child(&db, n, model).await;
+        return;
+    }
     let sizes: Vec<usize> = std::env::var("CAIRN_BENCH_THREAD_SIZES")
         .unwrap_or_else(|_| "1000,10000,50000".to_owned())
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
-    println!("| turns in the thread | build (s) | p50 (ms) | p99 (ms) | recalled turns (mean) |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| turns | build + consolidate (s) | bounded p50 / p99 (ms) | exhaustive p50 / p99 (ms) | with the model: bounded p50 / p99 | exhaustive p50 / p99 | bounded recalls of exhaustive's | reader RSS / peak (MiB) | store on disk (MiB) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let tmp = tempfile::tempdir().unwrap();
-        let mem = MemoryHarness::builder(tmp.path().join("scale.db"))
-            .embedder(Arc::new(HashEmbedder::new(384)))
-            .build()
+        let db = tmp.path().join("scale.db");
+        let built = Instant::now();
+        {
+            let mem = MemoryHarness::builder(&db)
+                .embedder(Arc::new(HashEmbedder::new(384)))
+                .build()
+                .await
+                .unwrap();
+            let thread = ThreadId::new("t").unwrap();
+            let mut rng = Lcg(42);
+            // 2015-01-01: four sessions a day, so 200,000 turns end in 2021, in the past
+            // (consolidation summarizes what is older than now).
+            let t0 = chrono::DateTime::from_timestamp(1_420_070_400, 0).unwrap();
+            for start in (0..n).step_by(1_000) {
+                let batch: Vec<NewMemory> = (start..(start + 1_000).min(n))
+                    .map(|i| {
+                        let who = if i % 2 == 0 { "Ann" } else { "Bob" };
+                        let len = 6 + rng.next() % 20;
+                        let at = t0
+                            + chrono::Duration::days((i / 80) as i64)
+                            + chrono::Duration::hours(6 * ((i / 20) % 4) as i64)
+                            + chrono::Duration::seconds(30 * (i % 20) as i64);
+                        NewMemory::conversational(
+                            thread.clone(),
+                            Role::User,
+                            format!("{who}: {}.", rng.words(len)),
+                        )
+                        .at(at)
+                        .with_speaker(who)
+                    })
+                    .collect();
+                mem.add_many(batch).await.unwrap();
+            }
+            mem.consolidate(
+                ConsolidationPolicy::older_than(std::time::Duration::ZERO)
+                    .max_age(std::time::Duration::ZERO),
+            )
             .await
             .unwrap();
-        let thread = ThreadId::new("t").unwrap();
-        let mut rng = Lcg(42);
-        let t0 = chrono::DateTime::from_timestamp(1_600_000_000, 0).unwrap();
-        let built = Instant::now();
-        for start in (0..n).step_by(1_000) {
-            let batch: Vec<NewMemory> = (start..(start + 1_000).min(n))
-                .map(|i| {
-                    let who = if i % 2 == 0 { "Ann" } else { "Bob" };
-                    let mut meta = cairn::core::Metadata::new();
-                    meta.insert("speaker".into(), who.into());
-                    let len = 6 + rng.next() % 20;
-                    let at = t0
-                        + chrono::Duration::days((i / 20) as i64)
-                        + chrono::Duration::seconds(30 * (i % 20) as i64);
-                    NewMemory::conversational(
-                        thread.clone(),
-                        Role::User,
-                        format!("{who}: {}.", rng.words(len)),
-                    )
-                    .at(at)
-                    .with_metadata(meta)
-                })
-                .collect();
-            mem.add_many(batch).await.unwrap();
         }
         let build_s = built.elapsed().as_secs_f64();
-        let queries: Vec<String> = (0..110)
-            .map(|i| {
-                let who = if i % 3 == 0 { "Ann " } else { "" };
-                format!("What did {who}say about the {}?", rng.words(3))
-            })
-            .collect();
-        let mut took = Vec::new();
-        let mut recalled = 0usize;
-        for (i, q) in queries.iter().enumerate() {
-            let t = Instant::now();
-            let ctx = mem.assemble_context("t", q, 2_000).await.unwrap();
-            // The first ten warm the caches.
-            if i >= 10 {
-                took.push(t.elapsed().as_secs_f64() * 1e3);
-                recalled += ctx
-                    .items
-                    .iter()
-                    .filter(|i| i.section == cairn::Section::Recalled)
-                    .count();
-            }
-        }
+        let plain = run_child(&db, n, false);
+        let model = run_child(&db, n, true);
+        let mib = |kib: f64| kib / 1024.0;
         println!(
-            "| {n} | {build_s:.1} | {:.2} | {:.2} | {:.0} |",
-            pct(&took, 0.5),
-            pct(&took, 0.99),
-            recalled as f64 / took.len() as f64
+            "| {n} | {build_s:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.3} | {:.0} / {:.0} | {:.0} |",
+            plain[0],
+            plain[1],
+            plain[2],
+            plain[3],
+            model[0],
+            model[1],
+            model[2],
+            model[3],
+            plain[4],
+            mib(plain[5]),
+            mib(plain[6]),
+            plain[7] / 1_048_576.0
         );
     }
 }

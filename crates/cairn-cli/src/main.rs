@@ -165,6 +165,13 @@ enum Command {
         /// '{"recent_share": 0.05, "weights": {"neighbor": 0}}'.
         #[arg(long, value_name = "JSON")]
         options: Option<String>,
+        /// Recall the thread's knowledge memories too.
+        #[arg(long)]
+        knowledge: bool,
+        /// Recall from this other thread too (repeatable): the same user's other
+        /// conversations, say.
+        #[arg(long = "scope", value_name = "THREAD")]
+        scope: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -627,9 +634,13 @@ async fn run(cli: Cli) -> Result<()> {
             budget,
             batch,
             options,
+            knowledge,
+            scope,
             json,
         } => {
-            let options = context_options(options.as_deref())?;
+            let mut options = context_options(options.as_deref())?;
+            options.knowledge |= knowledge;
+            let scope = cairn_harness::ContextScope::threads(&scope)?;
             let mem = open(&cli.db).await?;
             let render = |ctx: &cairn_harness::AssembledContext| {
                 serde_json::json!({
@@ -639,6 +650,7 @@ async fn run(cli: Cli) -> Result<()> {
                         "id": i.id, "kind": i.kind, "level": i.level, "section": i.section,
                         "content": i.content, "created_at": i.created_at,
                         "metadata": i.metadata, "source_ids": i.source_ids,
+                        "span": i.span, "thread_id": i.thread_id,
                     })).collect::<Vec<_>>(),
                 })
             };
@@ -660,13 +672,18 @@ async fn run(cli: Cli) -> Result<()> {
                     let b = v["budget"]
                         .as_u64()
                         .map_or(budget, |b| usize::try_from(b).unwrap_or(usize::MAX));
-                    print_json(&render(&mem.assemble_context_with(t, q, b, options).await?))?;
+                    let ctx = mem
+                        .assemble_context_scoped(t, q, b, options, scope.clone())
+                        .await?;
+                    print_json(&render(&ctx))?;
                 }
             } else {
                 let (Some(t), Some(q)) = (t, query) else {
                     bail!("--thread and --query are required")
                 };
-                let ctx = mem.assemble_context_with(&t, &q, budget, options).await?;
+                let ctx = mem
+                    .assemble_context_scoped(&t, &q, budget, options, scope)
+                    .await?;
                 if json {
                     print_json(&render(&ctx))?;
                 } else {

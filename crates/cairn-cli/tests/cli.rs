@@ -218,6 +218,30 @@ fn locomo_import_export_round_trip_and_json_shapes() {
         .unwrap()
         .iter()
         .any(|i| i["metadata"]["dia_id"].is_string()));
+    assert_eq!(item["thread_id"], "30", "{item}");
+    // Memory beyond the thread: flags accepted; a thread in scope with nothing in it, and a
+    // thread without knowledge, add no related item.
+    let scoped = json(&cairn(
+        &db,
+        &[
+            "context",
+            "--thread",
+            "30",
+            "--query",
+            "When did they adopt?",
+            "--budget",
+            "500",
+            "--knowledge",
+            "--scope",
+            "nobody",
+            "--json",
+        ],
+    ));
+    assert!(scoped["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|i| i["section"] != "related"));
     let batch = dir.path().join("batch.jsonl");
     std::fs::write(&batch, "{\"thread\":\"30\",\"query\":\"adoption\",\"budget\":300}\n{\"thread\":\"30\",\"query\":\"dance\",\"budget\":200}\n").unwrap();
     let lines: Vec<serde_json::Value> = ok(&cairn(

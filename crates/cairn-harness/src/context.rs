@@ -24,6 +24,9 @@ pub enum Section {
     Summary,
     /// An older turn recalled for the query.
     Recalled,
+    /// A memory beyond the thread recalled for the query: the thread's knowledge, or a
+    /// memory of another thread in the caller's scope (see [`ContextScope`]).
+    Related,
     /// One of the most recent turns, verbatim.
     Recent,
 }
@@ -74,13 +77,28 @@ pub struct ChatMessage {
 /// The context for a thread and a query, within a token budget.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AssembledContext {
-    /// Summaries (oldest first), then recalled turns (in time order), then recent turns.
+    /// Summaries (oldest first), then related memories (best first), then recalled turns
+    /// (in time order), then recent turns.
     pub items: Vec<ContextItem>,
     /// Tokens of [`Self::to_messages`], by the harness's counter (per-message overhead
     /// included); never over the budget unless the newest turn alone is.
     pub tokens: usize,
     /// The budget.
     pub budget: usize,
+}
+
+/// The first line of the message that holds the related memories.
+const RELATED_HEADER: &str = "From other memory:\n";
+
+/// A related memory as one line of the related block: its date, thread and kind first.
+fn related_line(i: &ContextItem) -> String {
+    let thread = i.thread_id.as_ref().map_or("no thread", |t| t.as_str());
+    format!(
+        "[{} {thread}, {}] {}",
+        i.created_at.format("%Y-%m-%d"),
+        i.kind.as_str(),
+        recalled_line(&i.content)
+    )
 }
 
 /// The first line of the message that holds the recalled turns.
@@ -191,6 +209,16 @@ impl AssembledContext {
     /// one system message (grouped by day), and the recent turns with their roles.
     pub fn to_messages(&self) -> Vec<ChatMessage> {
         let block = recalled_block(self.items.iter().filter(|i| i.section == Section::Recalled));
+        let related: String = self
+            .items
+            .iter()
+            .filter(|i| i.section == Section::Related)
+            .map(related_line)
+            .collect();
+        let mut related = (!related.is_empty()).then(|| ChatMessage {
+            role: "system".to_owned(),
+            content: format!("{RELATED_HEADER}{related}"),
+        });
         // The block goes where the first recalled turn is.
         let mut block = block.map(|content| ChatMessage {
             role: "system".to_owned(),
@@ -200,6 +228,7 @@ impl AssembledContext {
         for i in &self.items {
             match (i.section, i.role) {
                 (Section::Recalled, _) => out.extend(block.take()),
+                (Section::Related, _) => out.extend(related.take()),
                 (Section::Recent, Some(r)) => out.push(ChatMessage {
                     role: r.as_str().to_owned(),
                     content: render_item(i),
@@ -244,6 +273,12 @@ pub struct ContextOptions {
     /// names, and the turns no summary covers yet are scored, and nothing else is read (see
     /// [`MemoryHarness::assemble_context`]). Default 5,000.
     pub bounded_above: usize,
+    /// Whether the thread's `knowledge` memories are recalled too (section
+    /// [`Section::Related`]). Default false.
+    pub knowledge: bool,
+    /// For memories beyond the thread (its knowledge, the caller's scope): at most this
+    /// share of the budget; what they leave goes to recall. Default 0.15.
+    pub related_share: f64,
 }
 
 impl ContextOptions {
@@ -254,6 +289,7 @@ impl ContextOptions {
         for (name, v) in [
             ("recent_share", self.recent_share),
             ("summary_share", self.summary_share),
+            ("related_share", self.related_share),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return bad(format!("{name} must be in [0, 1], not {v}"));
@@ -292,8 +328,93 @@ impl Default for ContextOptions {
             recall_depth: 1_000,
             weights: RecallWeights::default(),
             bounded_above: 5_000,
+            knowledge: false,
+            related_share: 0.15,
         }
     }
+}
+
+/// Memory beyond the thread that a context recalls from, besides the thread's own knowledge
+/// (see [`ContextOptions::knowledge`]): other threads, such as the same user's other
+/// conversations. Their turns and knowledge are searched for the query (vector and
+/// keyword), and the best go into [`Section::Related`], each with its thread and kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextScope {
+    /// Other threads to recall from.
+    pub threads: Vec<ThreadId>,
+}
+
+impl ContextScope {
+    /// A scope of other threads.
+    pub fn threads<I, S>(ids: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let threads = ids
+            .into_iter()
+            .map(|t| ThreadId::new(t.as_ref()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Self { threads })
+    }
+
+    /// True when it names nothing.
+    pub fn is_empty(&self) -> bool {
+        self.threads.is_empty()
+    }
+}
+
+/// Related candidates from each source (the thread's knowledge, each scope thread), per
+/// ranking.
+const RELATED_DEPTH: usize = 20;
+
+/// The memories beyond `thread` most related to the query (its knowledge when asked, the
+/// scope's threads), best first: each source searched by vector and keyword, the rankings
+/// fused.
+fn related_ranking(
+    inner: &Inner,
+    thread: &ThreadId,
+    keyword_text: &str,
+    qv: &[f32],
+    options: &ContextOptions,
+    scope: &ContextScope,
+) -> Result<Vec<(u64, f32)>> {
+    let mut sources: Vec<Filter> = Vec::new();
+    if options.knowledge {
+        sources.push(
+            Filter::all()
+                .thread(thread.clone())
+                .kinds([MemoryKind::Knowledge]),
+        );
+    }
+    for t in scope.threads.iter().filter(|t| *t != thread) {
+        sources.push(
+            Filter::all()
+                .thread(t.clone())
+                .kinds([
+                    MemoryKind::Conversational,
+                    MemoryKind::ToolLog,
+                    MemoryKind::Knowledge,
+                ])
+                .levels(0, 0),
+        );
+    }
+    let mut lists = Vec::new();
+    for f in &sources {
+        lists.push(
+            inner
+                .store
+                .search_vector_ids(qv.to_vec(), RELATED_DEPTH, f, None)?,
+        );
+        lists.push(inner.store.search_keyword_ids_capped(
+            keyword_text,
+            RELATED_DEPTH,
+            f,
+            KEYWORD_MAX_MATCHES,
+        )?);
+    }
+    Ok(fuse_ids(&lists, RELATED_DEPTH))
 }
 
 /// Recalled candidates read per statement, best first.
@@ -386,9 +507,12 @@ pub(crate) fn assemble_blocking(
     query: &str,
     budget: usize,
     options: &ContextOptions,
+    scope: &ContextScope,
 ) -> Result<AssembledContext> {
     if query.trim().is_empty() {
-        return assemble_with(inner, thread, query, query, budget, options, &mut None);
+        return assemble_with(
+            inner, thread, query, query, budget, options, scope, &mut None,
+        );
     }
     // The thread's speakers (an index seek each) first: the query's vector and keyword
     // search leave their names out. Then the model embeds it while the thread's recent
@@ -405,6 +529,7 @@ pub(crate) fn assemble_blocking(
             &keyword_text,
             budget,
             options,
+            scope,
             &mut pending,
         );
         // Not needed after all (no budget left for recall, or an error): still joined here,
@@ -418,6 +543,7 @@ pub(crate) fn assemble_blocking(
 
 /// Assembles the context; `keyword_text` is what the keyword search looks for, `pending`
 /// the query's vector being computed.
+#[allow(clippy::too_many_arguments)]
 fn assemble_with(
     inner: &Inner,
     thread: &ThreadId,
@@ -425,6 +551,7 @@ fn assemble_with(
     keyword_text: &str,
     budget: usize,
     options: &ContextOptions,
+    scope: &ContextScope,
     pending: &mut Option<PendingVector<'_>>,
 ) -> Result<AssembledContext> {
     let counter = inner.token_counter.as_ref();
@@ -483,15 +610,34 @@ fn assemble_with(
     //    names; see `recall`), then taken best first while they fit. Rows are read in
     //    chunks, best first, so the turns that do not make it are never decoded.
     let mut recalled: Vec<ContextItem> = Vec::new();
+    let mut related: Vec<ContextItem> = Vec::new();
     // (`pending` is there exactly when the query is not empty; left for the caller to join
     // when no budget is left.)
     if let Some(p) = pending.take_if(|_| used < budget) {
         let turns = inner.store.count_in_thread(thread, &turns_filter.kinds)?;
-        let ranked = if turns > options.bounded_above {
+        let (ranked, qv) = if turns > options.bounded_above {
             bounded_ranking(inner, thread, query, keyword_text, p, options, turns)?
         } else {
             exhaustive_ranking(inner, thread, query, keyword_text, p, options)?
         };
+        // Memories beyond the thread, best first, within their share.
+        if options.knowledge || !scope.is_empty() {
+            let cap = (used + share(budget, options.related_share)).min(budget);
+            let found = related_ranking(inner, thread, keyword_text, &qv, options, scope)?;
+            for hit in inner.store.hits(found)? {
+                let mut it = owned_item(hit.memory, Section::Related);
+                let mut cost = counter.count(&related_line(&it));
+                if related.is_empty() {
+                    cost += counter.count_message(RELATED_HEADER);
+                }
+                if used + cost > cap {
+                    continue;
+                }
+                used += cost;
+                it.tokens = cost;
+                related.push(it);
+            }
+        }
         let order: Vec<(u64, f32)> = ranked
             .into_iter()
             .filter(|r| oldest_recent.is_none_or(|t| r.2 <= t))
@@ -530,6 +676,7 @@ fn assemble_with(
     // drop the last recalled turns until the exact count of the rendered messages fits.
     let n_summaries = summaries.len();
     let mut items = summaries;
+    items.extend(related);
     items.extend(recalled);
     items.extend(recent);
     let mut ctx = AssembledContext {
@@ -546,11 +693,8 @@ fn assemble_with(
         if ctx.tokens <= budget {
             break;
         }
-        let Some(pos) = ctx
-            .items
-            .iter()
-            .rposition(|i| i.section == Section::Recalled)
-        else {
+        let last = |s: Section| ctx.items.iter().rposition(|i| i.section == s);
+        let Some(pos) = last(Section::Recalled).or_else(|| last(Section::Related)) else {
             break;
         };
         ctx.items.remove(pos);
@@ -582,7 +726,7 @@ const ROUTE_DEPTH: usize = 30;
 /// Bounded recall: at most this many turns of a routed level-1 summary.
 const SPAN_MAX: usize = 64;
 /// Bounded recall: the best matches whose neighbours are read.
-const WINDOWS: usize = 160;
+const WINDOWS: usize = 100;
 /// Bounded recall: neighbours read on each side of a match.
 const NEIGHBOURS: usize = 2;
 
@@ -595,7 +739,7 @@ fn exhaustive_ranking(
     keyword_text: &str,
     pending: PendingVector<'_>,
     options: &ContextOptions,
-) -> Result<Vec<Ranked>> {
+) -> Result<(Vec<Ranked>, Vec<f32>)> {
     let f = turns_filter(thread);
     let timeline = inner.store.timeline_entries(&f)?;
     let depth = options.recall_depth.max(1);
@@ -615,7 +759,7 @@ fn exhaustive_ranking(
             .collect();
         inner.store.leaf_vids(&top)?
     };
-    let vector = inner.store.search_vector_ids(qv, depth, &f, None)?;
+    let vector = inner.store.search_vector_ids(qv.clone(), depth, &f, None)?;
     let scores = score_timeline(
         &timeline,
         &vector,
@@ -626,10 +770,11 @@ fn exhaustive_ranking(
     );
     let mut order: Vec<usize> = (0..timeline.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    Ok(order
+    let ranked = order
         .into_iter()
         .map(|i| (timeline[i].vid, scores[i], timeline[i].at))
-        .collect())
+        .collect();
+    Ok((ranked, qv))
 }
 
 /// Midnight (UTC) of a date.
@@ -637,36 +782,54 @@ fn day_start(d: chrono::NaiveDate) -> DateTime<Utc> {
     d.and_time(chrono::NaiveTime::MIN).and_utc()
 }
 
-/// The level-1 summaries of the thread that recall reads under: the best [`ROUTE_HITS`]
-/// summaries of any level for the query (vector and keyword rankings fused), each one of
+/// The spans of the level-1 summaries of the thread that recall reads under: the best
+/// [`ROUTE_HITS`] summaries for the query (vector and keyword rankings fused), each one of
 /// level 2 or more replaced by its [`ROUTE_CHILDREN`] level-1 descendants nearest the query.
+/// Coarse to fine: the vector ranking looks at the summaries above level 1, so its cost
+/// grows with a four-hundredth of the thread, not with the thread.
 fn route(
     inner: &Inner,
     thread: &ThreadId,
     keyword_text: &str,
     qv: &[f32],
-) -> Result<Vec<MemoryUnit>> {
+) -> Result<Vec<(DateTime<Utc>, DateTime<Utc>)>> {
     let store = &inner.store;
     let sf = Filter::all()
         .thread(thread.clone())
         .kinds([MemoryKind::Summary]);
-    let v = store.search_vector_ids(qv.to_vec(), ROUTE_DEPTH, &sf, None)?;
+    // By vector, the summaries above level 1 (a twentieth of level 1's at the default
+    // chunk size), scored exactly: a thread's summaries are a small share of the store,
+    // where a filtered graph walk visits many memories it does not admit. Level 1 only when
+    // nothing was rolled up yet. By keyword, every level.
+    let mut v =
+        store.search_vector_ids_exact(qv.to_vec(), ROUTE_DEPTH, &sf.clone().levels(2, u32::MAX))?;
+    if v.len() < ROUTE_HITS {
+        v.extend(store.search_vector_ids_exact(
+            qv.to_vec(),
+            ROUTE_DEPTH,
+            &sf.clone().levels(1, 1),
+        )?);
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    }
     let k = store.search_keyword_ids_capped(keyword_text, ROUTE_DEPTH, &sf, KEYWORD_MAX_MATCHES)?;
-    let mut chosen: Vec<(u64, f32)> = Vec::new();
-    for (vid, score) in fuse_ids(&[v, k], ROUTE_HITS) {
+    let mut chosen: Vec<u64> = Vec::new();
+    for (vid, _) in fuse_ids(&[v, k], ROUTE_HITS) {
         let below = store.descendant_vids(vid, 1)?;
         if below.is_empty() {
-            chosen.push((vid, score));
+            chosen.push(vid);
         } else {
             let mut near = store.similarities(qv.to_vec(), &below)?;
             near.sort_by(|a, b| b.1.total_cmp(&a.1));
-            near.truncate(ROUTE_CHILDREN);
-            chosen.extend(near);
+            chosen.extend(near.into_iter().take(ROUTE_CHILDREN).map(|(v, _)| v));
         }
     }
     let mut seen = HashSet::new();
-    chosen.retain(|(vid, _)| seen.insert(*vid));
-    Ok(store.hits(chosen)?.into_iter().map(|h| h.memory).collect())
+    chosen.retain(|vid| seen.insert(*vid));
+    Ok(store
+        .summary_spans(&chosen)?
+        .into_iter()
+        .map(|(_, from, to)| (from, to))
+        .collect())
 }
 
 /// Joins stretches of one timeline (each contiguous and oldest first) into segments: every
@@ -714,7 +877,7 @@ fn bounded_ranking(
     pending: PendingVector<'_>,
     options: &ContextOptions,
     turns: usize,
-) -> Result<Vec<Ranked>> {
+) -> Result<(Vec<Ranked>, Vec<f32>)> {
     let store = &inner.store;
     let w = &options.weights;
     let f = turns_filter(thread);
@@ -742,14 +905,10 @@ fn bounded_ranking(
     let scales = Scales::new(&vector, &keyword, turns);
     // The route: the turns under the summaries that match the query best.
     let mut routed: HashSet<u64> = HashSet::new();
-    for s in route(inner, thread, keyword_text, &qv)? {
-        let Some(info) = &s.summary else {
-            continue;
-        };
-        let span = f.clone().between(
-            info.time_range_start,
-            info.time_range_end + chrono::Duration::microseconds(1),
-        );
+    for (from, to) in route(inner, thread, keyword_text, &qv)? {
+        let span = f
+            .clone()
+            .between(from, to + chrono::Duration::microseconds(1));
         let (page, _) = store.timeline_page(&span, SPAN_MAX, false)?;
         routed.extend(page.iter().map(|e| e.vid));
         stretches.push(page);
@@ -767,11 +926,23 @@ fn bounded_ranking(
         .collect();
     best.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     best.truncate(WINDOWS);
-    let found = store.timeline_of(&best.iter().map(|b| b.0).collect::<Vec<_>>())?;
-    let mut times: Vec<DateTime<Utc>> = found.iter().map(|e| e.at).collect();
+    let mut times: Vec<DateTime<Utc>> = store
+        .times_of(&best.iter().map(|b| b.0).collect::<Vec<_>>())?
+        .into_iter()
+        .map(|(_, at)| at)
+        .collect();
+    times.sort();
     times.dedup();
     stretches.extend(store.timeline_around(&f, &times, NEIGHBOURS, NEIGHBOURS + 1)?);
-    stretches.extend(found.into_iter().map(|e| vec![e]));
+    // A match the stretch around its time does not hold (more turns share that time than
+    // the stretch reads) is read on its own.
+    let read: HashSet<u64> = stretches.iter().flatten().map(|e| e.vid).collect();
+    let missing: Vec<u64> = best
+        .iter()
+        .map(|b| b.0)
+        .filter(|v| !read.contains(v))
+        .collect();
+    stretches.extend(store.timeline_of(&missing)?.into_iter().map(|e| vec![e]));
     let segments = join_stretches(stretches);
     // Turns the vector search did not rank get their similarity from the index's vectors.
     let unranked: Vec<u64> = segments
@@ -780,7 +951,7 @@ fn bounded_ranking(
         .map(|e| e.vid)
         .filter(|v| !vmap.contains_key(v))
         .collect();
-    vmap.extend(store.similarities(qv, &unranked)?);
+    vmap.extend(store.similarities(qv.clone(), &unranked)?);
     let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
     let mut out: Vec<Ranked> = Vec::new();
     for seg in &segments {
@@ -788,7 +959,7 @@ fn bounded_ranking(
         out.extend(seg.iter().zip(scores).map(|(e, s)| (e.vid, s, e.at)));
     }
     out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
-    Ok(out)
+    Ok((out, qv))
 }
 
 /// Gives each recalled item (in time order) its share of the block's tokens: its line, its
@@ -827,11 +998,28 @@ impl MemoryHarness {
         budget: usize,
         options: ContextOptions,
     ) -> Result<AssembledContext> {
+        self.assemble_context_scoped(thread_id, query, budget, options, ContextScope::default())
+            .await
+    }
+
+    /// [`Self::assemble_context_with`], recalling from memory beyond the thread too: the
+    /// thread's knowledge when [`ContextOptions::knowledge`] is on, and the other threads of
+    /// `scope` (the same user's other conversations, say), into [`Section::Related`], each
+    /// item with its thread and kind, within [`ContextOptions::related_share`].
+    pub async fn assemble_context_scoped(
+        &self,
+        thread_id: &str,
+        query: &str,
+        budget: usize,
+        options: ContextOptions,
+        scope: ContextScope,
+    ) -> Result<AssembledContext> {
         options.validate()?;
         let thread = ThreadId::new(thread_id)?;
         let inner = self.inner.clone();
         let query = query.to_owned();
-        blocking(move || assemble_blocking(&inner, &thread, &query, budget, &options)).await?
+        blocking(move || assemble_blocking(&inner, &thread, &query, budget, &options, &scope))
+            .await?
     }
 }
 

@@ -41,7 +41,8 @@ mod tokens;
 pub use backup::{BackupError, BackupHeader, BackupImport, BackupRecord, BACKUP_VERSION};
 pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
 pub use context::{
-    AssembledContext, ChatMessage, ContextItem, ContextOptions, RecalledBlockCost, Section,
+    AssembledContext, ChatMessage, ContextItem, ContextOptions, ContextScope, RecalledBlockCost,
+    Section,
 };
 pub use conversation::{
     AutoContextOptions, AutoContextSummarizer, CompletedSummary, ContextMessage, ConversationStats,

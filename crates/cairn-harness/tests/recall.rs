@@ -398,3 +398,111 @@ async fn bounded_recall_follows_the_hierarchy() {
         )));
     }
 }
+
+/// Memory beyond the thread (issue 18), with the real model: the thread's knowledge and the
+/// same user's other thread are recalled into the related section when asked for, each item
+/// with its thread and kind, and never by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn knowledge_and_scope_threads_are_recalled_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir).await;
+    let chat = ThreadId::new("chat").unwrap();
+    let work = ThreadId::new("work").unwrap();
+    let t0 = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let small_talk = [
+        "The weather has been grey all week.",
+        "I watched a documentary about deep sea fish.",
+        "The train was late again this morning.",
+        "We repainted the kitchen a pale green.",
+        "I finally finished that long fantasy novel.",
+        "Our neighbours are renovating their roof.",
+    ];
+    let mut turns: Vec<NewMemory> = small_talk
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            NewMemory::conversational(chat.clone(), Role::User, *t)
+                .at(t0 + chrono::Duration::minutes(i64::try_from(i).unwrap()))
+        })
+        .collect();
+    turns.push(
+        NewMemory::new(
+            cairn_core::MemoryKind::Knowledge,
+            "The user is severely allergic to peanuts.",
+        )
+        .with_thread(chat.clone())
+        .at(t0),
+    );
+    turns.push(
+        NewMemory::conversational(
+            work.clone(),
+            Role::User,
+            "My manager at the studio is called Priya Raman.",
+        )
+        .at(t0),
+    );
+    turns.push(
+        NewMemory::conversational(
+            work.clone(),
+            Role::User,
+            "The quarterly review is on Monday.",
+        )
+        .at(t0 + chrono::Duration::minutes(1)),
+    );
+    mem.add_many(turns).await.unwrap();
+    let related = |ctx: &AssembledContext| -> Vec<(String, Option<String>, String)> {
+        ctx.items
+            .iter()
+            .filter(|i| i.section == Section::Related)
+            .map(|i| {
+                (
+                    i.content.clone(),
+                    i.thread_id.as_ref().map(|t| t.as_str().to_owned()),
+                    i.kind.as_str().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let food = "Can I have a peanut butter sandwich for lunch?";
+    // Off by default.
+    let ctx = mem.assemble_context("chat", food, 300).await.unwrap();
+    assert!(related(&ctx).is_empty(), "{}", ctx.render());
+    let knowledge = ContextOptions {
+        knowledge: true,
+        ..ContextOptions::default()
+    };
+    let ctx = mem
+        .assemble_context_with("chat", food, 300, knowledge)
+        .await
+        .unwrap();
+    assert!(ctx.tokens <= 300);
+    let got = related(&ctx);
+    assert!(
+        got.iter().any(|(c, t, k)| c.contains("allergic")
+            && t.as_deref() == Some("chat")
+            && k == "knowledge"),
+        "{}",
+        ctx.render()
+    );
+    assert!(ctx.render().contains("From other memory:"));
+    // The other thread, in scope.
+    let boss = "What is the name of my manager?";
+    let ctx = mem.assemble_context("chat", boss, 300).await.unwrap();
+    assert!(!ctx.render().contains("Priya"), "{}", ctx.render());
+    let scope = cairn_harness::ContextScope::threads(["work"]).unwrap();
+    let ctx = mem
+        .assemble_context_scoped("chat", boss, 300, ContextOptions::default(), scope)
+        .await
+        .unwrap();
+    assert!(ctx.tokens <= 300);
+    let got = related(&ctx);
+    assert!(
+        got.first().is_some_and(|(c, t, k)| c.contains("Priya")
+            && t.as_deref() == Some("work")
+            && k == "conversational"),
+        "{}",
+        ctx.render()
+    );
+    // A scope of a thread id that is not valid is a typed error.
+    assert!(cairn_harness::ContextScope::threads([""]).is_err());
+}

@@ -1387,6 +1387,8 @@ fn any_options_answer_or_get_config_errors() {
                     },
                     // Both recall paths: the bounded one on any thread, or never.
                     bounded_above: if depth % 2 == 0 { 0 } else { usize::MAX },
+                    knowledge: depth % 3 == 0,
+                    related_share: summary,
                 };
                 rt.block_on(async {
                     match mem

@@ -105,10 +105,11 @@ INSERT OR REPLACE INTO store_meta (key, value)
     SELECT 'next_rid', CAST(COALESCE(MAX(rid), 0) + 1 AS TEXT) FROM memories;
 "#,
     // 7: a thread's summaries by level, newest first, without reading its turns
-    // (`Store::top_summaries`, `Store::consolidated_until`): bounded context assembly on
-    // long threads.
+    // (`Store::top_summaries`, `Store::consolidated_until`), and their index ids from the
+    // index alone (an exact vector scan of a thread's summaries): bounded context assembly
+    // on long threads.
     r#"
-CREATE INDEX memories_thread_kind_level ON memories (thread_id, kind, level, created_at);
+CREATE INDEX memories_thread_kind_level ON memories (thread_id, kind, level, created_at, vid);
 "#,
 ];
 

@@ -28,6 +28,66 @@ impl Store {
             .map_or(0, |key| attrs.thread_kinds_count(key, kinds)))
     }
 
+    /// [`Store::search_vector_ids`] scored exactly on every memory `filter` admits (their
+    /// index ids read from SQLite, their vectors from the index), never through the graph: for
+    /// a small share of a large store, such as one thread's summaries, where a filtered
+    /// graph walk visits many memories it does not admit.
+    pub fn search_vector_ids_exact(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        filter.validate()?;
+        let q = self.prepare_vector(query)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        self.sync()?;
+        Ok(self
+            .exact_scan(&q, k, filter)?
+            .into_iter()
+            .map(|(v, s)| (v as u64, s))
+            .collect())
+    }
+
+    /// When each memory of `vids` happened, from the index's attributes (no row is read); ids
+    /// the index does not hold are left out.
+    pub fn times_of(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>)>> {
+        self.sync()?;
+        let attrs = self.inner.shared.index.attrs();
+        Ok(vids
+            .iter()
+            .filter_map(|v| {
+                let a = attrs.map.get(&usize::try_from(*v).ok()?)?;
+                Some((*v, from_micros(a.created_at)))
+            })
+            .collect())
+    }
+
+    /// The time span (earliest and latest source, through every level) of each summary of
+    /// `vids`, in that order; ids that are not summaries are left out. Reads three columns
+    /// per summary, not the rows and their links.
+    #[allow(clippy::type_complexity)]
+    pub fn summary_spans(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>, DateTime<Utc>)>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT time_start, time_end FROM memories
+                  WHERE vid = ?1 AND kind = 'summary' AND time_start IS NOT NULL
+                    AND time_end IS NOT NULL",
+            )?;
+            let mut out = Vec::with_capacity(vids.len());
+            for v in vids {
+                let vid = i64::try_from(*v).unwrap_or(i64::MAX);
+                let mut rows = stmt.query(params![vid])?;
+                if let Some(r) = rows.next()? {
+                    out.push((*v, from_micros(r.get(0)?), from_micros(r.get(1)?)));
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// The timeline entries (see [`Store::timeline_entries`]) of the memories whose index ids
     /// are `vids`, oldest first (ties by insertion); unknown ids are left out.
     pub fn timeline_of(&self, vids: &[u64]) -> Result<Vec<TimelineEntry>> {
