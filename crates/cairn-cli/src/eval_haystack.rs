@@ -339,6 +339,12 @@ pub struct HaystackFigures {
     pub recall_alone: f64,
     /// [`Self::full_hit`] with the needle alone in its store.
     pub full_hit_alone: f64,
+    /// [`Self::recall`] counting a haystack copy of an evidence turn as found: once the other
+    /// conversations are used up, the needle's own sessions come back as haystack (new
+    /// dates, `hay:` ids), and a copy can take the place of the original in the context.
+    pub recall_with_copies: f64,
+    /// [`Self::full_hit`] counting copies the same way.
+    pub full_hit_with_copies: f64,
     /// Median `assemble_context` latency in the haystack thread (ms), the question's
     /// embedding included.
     pub latency_p50_ms: f64,
@@ -385,6 +391,8 @@ pub struct HaystackReport {
 /// One store's run: the questions' tallies and the consolidation's wall time.
 struct Run {
     acc: Acc,
+    /// The same questions, a copy of an evidence turn counted as the turn.
+    copies: Acc,
     turns: usize,
     consolidation: Duration,
 }
@@ -449,9 +457,12 @@ pub async fn haystack(
 
     let mut rows = Vec::new();
     for &n in sizes {
-        let mut pooled = Acc::default();
-        let mut consolidation = Duration::ZERO;
-        let mut turns = 0;
+        let mut pooled = Run {
+            acc: Acc::default(),
+            copies: Acc::default(),
+            turns: 0,
+            consolidation: Duration::ZERO,
+        };
         let mut per_needle = BTreeMap::new();
         for &i in &chosen {
             let c = &convs[i];
@@ -464,28 +475,22 @@ pub async fn haystack(
                 run.turns,
                 run.consolidation.as_secs_f64()
             );
-            pooled.merge(&run.acc);
-            consolidation += run.consolidation;
-            turns += run.turns;
+            pooled.acc.merge(&run.acc);
+            pooled.copies.merge(&run.copies);
+            pooled.consolidation += run.consolidation;
+            pooled.turns += run.turns;
             let a = alone.get(c.stem.as_str()).cloned().unwrap_or_default();
-            per_needle.insert(
-                c.stem.clone(),
-                figures(&run.acc, &a, run.turns, run.consolidation),
-            );
+            per_needle.insert(c.stem.clone(), figures(&run, &a));
         }
         eprintln!(
             "haystack {n}: consolidation {:.1} s over {} needles",
-            consolidation.as_secs_f64(),
+            pooled.consolidation.as_secs_f64(),
             chosen.len()
         );
+        pooled.turns /= chosen.len().max(1);
         rows.push(HaystackRow {
             target: n,
-            overall: figures(
-                &pooled,
-                &alone_all,
-                turns / chosen.len().max(1),
-                consolidation,
-            ),
+            overall: figures(&pooled, &alone_all),
             per_needle,
         });
     }
@@ -498,21 +503,23 @@ pub async fn haystack(
     })
 }
 
-fn figures(hay: &Acc, alone: &Acc, turns: usize, consolidation: Duration) -> HaystackFigures {
-    let (h, a) = (hay.figures(), alone.figures());
+fn figures(run: &Run, alone: &Acc) -> HaystackFigures {
+    let (h, a, c) = (run.acc.figures(), alone.figures(), run.copies.figures());
     HaystackFigures {
-        haystack_turns: turns,
+        haystack_turns: run.turns,
         questions: h.questions,
         recall: h.evidence_recall,
         full_hit: h.full_hit,
         recall_alone: a.evidence_recall,
         full_hit_alone: a.full_hit,
+        recall_with_copies: c.evidence_recall,
+        full_hit_with_copies: c.full_hit,
         latency_p50_ms: h.p50_latency_ms,
         latency_p99_ms: h.p99_latency_ms,
         latency_p50_ms_alone: a.p50_latency_ms,
         latency_p99_ms_alone: a.p99_latency_ms,
         mean_tokens: h.mean_tokens,
-        consolidation_s: consolidation.as_secs_f64(),
+        consolidation_s: run.consolidation.as_secs_f64(),
     }
 }
 
@@ -566,30 +573,52 @@ async fn run_store(
         .with_context(|| format!("opening the store {}", path.display()))?;
     let pb = crate::progress(conv.questions.len() as u64, "asking");
     let mut acc = Acc::default();
+    let mut copies = Acc::default();
     for q in &conv.questions {
         let t = Instant::now();
         let ctx = mem
             .assemble_context_with(conv.thread.as_str(), &q.question, budget, options)
             .await?;
         let took = t.elapsed();
+        let dias: Vec<&str> = ctx
+            .items
+            .iter()
+            .filter_map(|i| i.metadata.get("dia_id").and_then(|v| v.as_str()))
+            .collect();
         let found = q
             .evidence
             .iter()
+            .filter(|e| dias.contains(&e.as_str()))
+            .count();
+        let with_copies = q
+            .evidence
+            .iter()
             .filter(|e| {
-                ctx.items
-                    .iter()
-                    .any(|i| i.metadata.get("dia_id").and_then(|v| v.as_str()) == Some(e.as_str()))
+                dias.iter()
+                    .any(|d| *d == e.as_str() || copy_of(&conv.stem, d, e))
             })
             .count();
         acc.add(found, q.evidence.len(), ctx.tokens, took);
+        copies.add(with_copies, q.evidence.len(), ctx.tokens, took);
         pb.inc(1);
     }
     pb.finish_and_clear();
     Ok(Run {
         acc,
+        copies,
         turns: n,
         consolidation,
     })
+}
+
+/// Whether `dia` is a haystack copy of the needle's turn `evidence`
+/// (`hay:<round>:<needle>:<evidence>`).
+fn copy_of(needle: &str, dia: &str, evidence: &str) -> bool {
+    dia.strip_prefix("hay:")
+        .and_then(|r| r.split_once(':'))
+        .and_then(|(_, r)| r.strip_prefix(needle))
+        .and_then(|r| r.strip_prefix(':'))
+        == Some(evidence)
 }
 
 /// The raw turns of `thread` in the store.
@@ -649,7 +678,7 @@ async fn check_reuse(
 /// A Markdown table of the report: one row per size, then recall per needle.
 pub fn table(r: &HaystackReport) -> String {
     let mut s = format!(
-        "LoCoMo haystack: needles {}, budget {} tokens, seed {}\n\n| N | turns | questions | evidence recall | full-hit | recall alone | full-hit alone | latency p50 / p99 (ms) | alone p50 / p99 (ms) | consolidation (s) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "LoCoMo haystack: needles {}, budget {} tokens, seed {}\n\n| N | turns | questions | evidence recall | full-hit | recall alone | full-hit alone | recall / full-hit, copies counted | latency p50 / p99 (ms) | alone p50 / p99 (ms) | consolidation (s) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         r.needles.join(", "),
         r.budget,
         r.seed
@@ -657,7 +686,7 @@ pub fn table(r: &HaystackReport) -> String {
     for row in &r.rows {
         let f = &row.overall;
         s.push_str(&format!(
-            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} |\n",
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} / {:.3} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} |\n",
             row.target,
             f.haystack_turns,
             f.questions,
@@ -665,6 +694,8 @@ pub fn table(r: &HaystackReport) -> String {
             f.full_hit,
             f.recall_alone,
             f.full_hit_alone,
+            f.recall_with_copies,
+            f.full_hit_with_copies,
             f.latency_p50_ms,
             f.latency_p99_ms,
             f.latency_p50_ms_alone,
@@ -879,6 +910,29 @@ mod tests {
             build_thread(&c, 0, 100, 10).unwrap()
         );
         assert!(build_thread(&c, 3, 100, 9).is_err());
+    }
+
+    #[test]
+    fn copies_of_needle_turns_are_recognised() {
+        let c = convs();
+        let thread = build_thread(&c, 0, 100, 2).unwrap();
+        let copies: Vec<&str> = thread
+            .iter()
+            .map(dia)
+            .filter(|d| copy_of("needle", d, "D2:3"))
+            .collect();
+        assert!(!copies.is_empty());
+        assert!(copies.iter().all(|d| d.ends_with(":needle:D2:3")));
+        assert!(copy_of("30", "hay:2:30:D1:3", "D1:3"));
+        for (dia, e) in [
+            ("hay:2:130:D1:3", "D1:3"),
+            ("hay:2:30:D1:3", "D1:31"),
+            ("hay:2:30:D11:3", "D1:3"),
+            ("D1:3", "D1:3"),
+            ("hay:2:swap:D1:3", "D1:3"),
+        ] {
+            assert!(!copy_of("30", dia, e), "{dia} {e}");
+        }
     }
 
     #[test]

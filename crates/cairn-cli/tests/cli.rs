@@ -636,6 +636,9 @@ fn eval_haystack_on_a_fixture() {
         );
         assert!(p50 > 0.0 && p99 >= p50, "{f}");
         assert!(f["consolidation_s"].as_f64().unwrap() > 0.0, "{f}");
+        // The donors' 36 turns fill the thread: no copy of the needle's own turns.
+        assert_eq!(f["recall_with_copies"], f["recall"], "{f}");
+        assert_eq!(f["full_hit_with_copies"], f["full_hit"], "{f}");
     }
     // Alone, all 18 turns fit in 2,000 tokens.
     assert_eq!(row["recall_alone"], 1.0, "{row}");
