@@ -49,8 +49,9 @@ pub struct Report {
     pub per_conversation: BTreeMap<String, BTreeMap<String, Figures>>,
 }
 
-#[derive(Default)]
-struct Acc {
+/// Tallies of questions: recall, hits, tokens and latencies.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Acc {
     n: usize,
     recall: f64,
     full: f64,
@@ -60,7 +61,8 @@ struct Acc {
 }
 
 impl Acc {
-    fn add(&mut self, found: usize, of: usize, tokens: usize, took: Duration) {
+    /// Adds one question: `found` of its `of` evidence turns, `tokens` used, `took` long.
+    pub(crate) fn add(&mut self, found: usize, of: usize, tokens: usize, took: Duration) {
         self.n += 1;
         #[allow(clippy::cast_precision_loss)]
         {
@@ -72,7 +74,18 @@ impl Acc {
         self.ms.push(took.as_secs_f64() * 1000.0);
     }
 
-    fn figures(&self) -> Figures {
+    /// Adds every question of `other`.
+    pub(crate) fn merge(&mut self, other: &Acc) {
+        self.n += other.n;
+        self.recall += other.recall;
+        self.full += other.full;
+        self.any += other.any;
+        self.tokens += other.tokens;
+        self.ms.extend_from_slice(&other.ms);
+    }
+
+    /// The figures of the questions added so far.
+    pub(crate) fn figures(&self) -> Figures {
         #[allow(clippy::cast_precision_loss)]
         let n = self.n.max(1) as f64;
         Figures {

@@ -6,6 +6,7 @@
 //! piped.
 
 mod eval;
+mod eval_haystack;
 mod eval_summaries;
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -185,21 +186,36 @@ enum Command {
 #[derive(Subcommand)]
 enum EvalCommand {
     /// Evidence recall of several context strategies on LoCoMo conversations: overall, per
-    /// question category and per conversation.
+    /// question category and per conversation. With --haystack: evidence recall and latency
+    /// of `assemble_context` with each conversation buried in a thread of N turns.
     Locomo {
         dir: PathBuf,
         #[arg(long, default_value_t = 2000)]
         budget: usize,
         /// Keep the evaluation store in this file (reused by later runs).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "haystack")]
         store: Option<PathBuf>,
+        /// Thread sizes in turns, e.g. 1000,10000: each conversation (the needle) gets a
+        /// thread of about N turns (its own plus sessions of the others, speakers renamed and
+        /// dates interleaved) and its questions are asked of that thread and of it alone.
+        /// Replaces the strategy table.
+        #[arg(long, value_delimiter = ',', value_name = "N[,N...]")]
+        haystack: Vec<usize>,
+        /// With --haystack: only this conversation (the file's stem) is a needle
+        /// (repeatable; all of them when absent).
+        #[arg(long = "needle", value_name = "STEM", requires = "haystack")]
+        needles: Vec<String>,
+        /// With --haystack: keep the stores in this directory; a later run reuses the ones
+        /// that hold the same thread (no import, no consolidation).
+        #[arg(long, value_name = "DIR", requires = "haystack")]
+        store_dir: Option<PathBuf>,
         /// Options for `assemble_context` as JSON (fields left out keep their defaults),
         /// e.g. '{"weights": {"names_out_of_vector": false}}'.
         #[arg(long, value_name = "JSON")]
         options: Option<String>,
         /// Run only this strategy (repeatable): last_n, flat_vector, flat_keyword,
         /// flat_hybrid, flat_hybrid_grouped, cairn_assemble_context.
-        #[arg(long = "strategy", value_name = "NAME")]
+        #[arg(long = "strategy", value_name = "NAME", conflicts_with = "haystack")]
         strategies: Vec<String>,
         #[arg(long)]
         json: bool,
@@ -701,10 +717,40 @@ async fn run(cli: Cli) -> Result<()> {
                 EvalCommand::Locomo {
                     dir,
                     budget,
+                    options,
+                    haystack,
+                    needles,
+                    store_dir,
+                    json,
+                    ..
+                },
+        } if !haystack.is_empty() => {
+            let options = context_options(options.as_deref())?;
+            let report = eval_haystack::haystack(
+                &dir,
+                &haystack,
+                budget,
+                options,
+                &needles,
+                store_dir.as_deref(),
+            )
+            .await?;
+            if json {
+                print_json(&report)?;
+            } else {
+                print!("{}", eval_haystack::table(&report));
+            }
+        }
+        Command::Eval {
+            what:
+                EvalCommand::Locomo {
+                    dir,
+                    budget,
                     store,
                     options,
                     strategies,
                     json,
+                    ..
                 },
         } => {
             let options = context_options(options.as_deref())?;

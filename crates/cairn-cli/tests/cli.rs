@@ -537,3 +537,203 @@ fn eval_summaries_on_a_fixture() {
     );
     assert!(o.stdout.is_empty());
 }
+
+/// A LoCoMo-shaped conversation: `sessions` of six turns, a week apart, the first turn of
+/// each session about `facts[session]`, the others small talk.
+fn fixture_conversation(a: &str, b: &str, day: u32, facts: &[&str]) -> serde_json::Value {
+    let small = [
+        "the weather turned cold again this week",
+        "a long walk by the river after work",
+        "the new café near the station",
+        "a podcast about old maps",
+        "my neighbour's noisy dog",
+    ];
+    let mut c = serde_json::json!({"speaker_a": a, "speaker_b": b, "qa": []});
+    for (s, fact) in facts.iter().enumerate() {
+        let n = s + 1;
+        c[format!("session_{n}_date_time")] =
+            format!("2:15 pm on {} March, 2023", day + 7 * s as u32).into();
+        let turns: Vec<serde_json::Value> = (1..=6)
+            .map(|i| {
+                let who = if i % 2 == 1 { a } else { b };
+                let text = if i == 1 {
+                    (*fact).to_owned()
+                } else {
+                    format!(
+                        "{}, I keep thinking about {}.",
+                        if i % 2 == 1 { b } else { a },
+                        small[i % small.len()]
+                    )
+                };
+                serde_json::json!({"speaker": who, "dia_id": format!("D{n}:{i}"), "text": text})
+            })
+            .collect();
+        c[format!("session_{n}")] = turns.into();
+    }
+    c
+}
+
+/// `eval locomo --haystack` on a fixture made here (a needle and two donors, 18 turns
+/// each) in a thread of 40 turns: the report's fields, a second run on the kept stores (no
+/// import, the same figures), a kept store that holds another thread refused, and bad
+/// arguments.
+#[test]
+fn eval_haystack_on_a_fixture() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let mut needle = fixture_conversation(
+        "Ann",
+        "Bob",
+        1,
+        &[
+            "I adopted a grey cat named Pixel last week.",
+            "I started pottery classes on Tuesdays.",
+            "I signed up for the Lisbon marathon in October.",
+        ],
+    );
+    needle["qa"] = serde_json::json!([
+        {"question": "What is the name of Ann's cat?", "answer": "Pixel", "evidence": ["D1:1"], "category": 4},
+        {"question": "Which marathon did Ann sign up for?", "answer": "Lisbon", "evidence": ["D3:1", "D2:1"], "category": 1},
+        {"question": "Unanswerable", "adversarial_answer": "x", "evidence": ["D1:2"], "category": 5}
+    ]);
+    let donors = [
+        fixture_conversation(
+            "Cleo",
+            "Dan",
+            2,
+            &[
+                "I bought a red bicycle for the commute.",
+                "I am learning to bake sourdough bread.",
+                "I visited my aunt in Porto.",
+            ],
+        ),
+        fixture_conversation(
+            "Eve",
+            "Finn",
+            5,
+            &[
+                "I repainted the kitchen yellow.",
+                "I joined a chess club downtown.",
+                "I planted tomatoes on the balcony.",
+            ],
+        ),
+    ];
+    std::fs::write(data.join("needle.json"), needle.to_string()).unwrap();
+    for (i, d) in donors.iter().enumerate() {
+        std::fs::write(data.join(format!("donor{i}.json")), d.to_string()).unwrap();
+    }
+    let stores = dir.path().join("stores");
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", "locomo", data.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        cairn(&dir.path().join("unused.db"), &args)
+    };
+    let kept = |stores: &Path| {
+        eval(&[
+            "--haystack",
+            "40",
+            "--needle",
+            "needle",
+            "--store-dir",
+            stores.to_str().unwrap(),
+            "--json",
+        ])
+    };
+    let first = kept(&stores);
+    let r = json(&first);
+    assert_eq!(r["budget"], 2000);
+    assert_eq!(r["needles"], serde_json::json!(["needle"]));
+    let row = &r["rows"][0];
+    assert_eq!(row["target"], 40);
+    // 18 needle turns, then sessions of 6 until there are 40.
+    assert_eq!(row["haystack_turns"], 42, "{row}");
+    assert_eq!(row["questions"], 2, "category 5 is left out");
+    for f in [row, &row["per_needle"]["needle"]] {
+        for k in ["recall", "full_hit", "recall_alone", "full_hit_alone"] {
+            let v = f[k].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&v), "{k}: {f}");
+        }
+        let (p50, p99) = (
+            f["latency_p50_ms"].as_f64().unwrap(),
+            f["latency_p99_ms"].as_f64().unwrap(),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{f}");
+        assert!(f["consolidation_s"].as_f64().unwrap() > 0.0, "{f}");
+        // The donors' 36 turns fill the thread: no copy of the needle's own turns.
+        assert_eq!(f["recall_with_copies"], f["recall"], "{f}");
+        assert_eq!(f["full_hit_with_copies"], f["full_hit"], "{f}");
+    }
+    // Alone, all 18 turns fit in 2,000 tokens.
+    assert_eq!(row["recall_alone"], 1.0, "{row}");
+    let err = String::from_utf8_lossy(&first.stderr);
+    assert!(
+        err.contains("needle needle alone: 18 turns, consolidated in"),
+        "{err}"
+    );
+    assert!(
+        err.contains("haystack 40, needle needle: 42 turns"),
+        "{err}"
+    );
+
+    // Again on the kept stores: nothing imported, the same figures. Without --json: the
+    // table.
+    let again = json(&kept(&stores));
+    for k in [
+        "haystack_turns",
+        "questions",
+        "recall",
+        "full_hit",
+        "recall_alone",
+        "full_hit_alone",
+    ] {
+        assert_eq!(again["rows"][0][k], row[k], "{k}");
+    }
+    // A size under the needle's length leaves the needle alone.
+    let table = ok(&eval(&[
+        "--haystack",
+        "40,10",
+        "--needle",
+        "needle",
+        "--store-dir",
+        stores.to_str().unwrap(),
+    ]));
+    assert!(table.contains("| 40 | 42 | 2 |"), "{table}");
+    assert!(table.contains("| 10 | 18 | 2 |"), "{table}");
+    assert!(table.contains("| N | needle |"), "{table}");
+
+    // A kept store with another thread: the haystack where the needle alone should be.
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    for e in std::fs::read_dir(&stores).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        if let Some(rest) = name.strip_prefix("hay40-needle.db") {
+            if e.file_type().unwrap().is_file() {
+                std::fs::copy(e.path(), other.join(format!("alone-needle.db{rest}"))).unwrap();
+            }
+        }
+    }
+    let o = kept(&other);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("alone-needle.db") && err.contains("does not hold the thread"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+
+    // Bad arguments: an unknown needle, a zero size, --needle or --store-dir without
+    // --haystack, --strategy with it.
+    for args in [
+        vec!["--haystack", "40", "--needle", "nope"],
+        vec!["--haystack", "0"],
+        vec!["--needle", "needle"],
+        vec!["--store-dir", "x"],
+        vec!["--haystack", "40", "--strategy", "last_n"],
+    ] {
+        let o = eval(&args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}
