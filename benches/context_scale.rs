@@ -17,7 +17,8 @@
 //! bound leaves out, not answer quality: `cairn eval locomo --haystack` does that), and the
 //! reading process's resident memory against the store's size on disk.
 //!
-//! `cargo bench --bench context_scale`
+//! `cargo bench --bench context_scale` (`CAIRN_BENCH_STORE_DIR=DIR` keeps the stores there
+//! and reuses them on the next run)
 
 #![allow(
     clippy::unwrap_used,
@@ -286,9 +287,14 @@ async fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let tmp = tempfile::tempdir().unwrap();
-        let db = tmp.path().join("scale.db");
+        // `CAIRN_BENCH_STORE_DIR` keeps the stores there and reuses them (build time 0).
+        let keep = std::env::var("CAIRN_BENCH_STORE_DIR").ok();
+        let db = keep.as_ref().map_or_else(
+            || tmp.path().join("scale.db"),
+            |d| std::path::Path::new(d).join(format!("scale-{n}.db")),
+        );
         let built = Instant::now();
-        {
+        if !db.exists() {
             let mem = MemoryHarness::builder(&db)
                 .embedder(Arc::new(HashEmbedder::new(384)))
                 .build()

@@ -647,13 +647,16 @@ fn assemble_with(
         // Recalled turns share one message: its header and each day's header line are
         // paid by the first turn that needs them.
         let mut block = RecalledBlockCost::new(counter);
+        // A turn whose text is already in the context (a repeated message, a re-sent tool
+        // result) says nothing new: only its best-scored copy is recalled.
+        let mut texts: HashSet<String> = recent.iter().map(|i| i.content.clone()).collect();
         'chunks: for chunk in order.chunks(READ_CHUNK) {
             for hit in inner.store.hits(chunk.to_vec())? {
                 if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                     break 'chunks;
                 }
                 let m = hit.memory;
-                if recent_ids.contains(&m.id) {
+                if recent_ids.contains(&m.id) || texts.contains(&m.content) {
                     continue;
                 }
                 let cost = block.cost(&m.content, m.created_at);
@@ -663,6 +666,7 @@ fn assemble_with(
                 }
                 used += cost;
                 block.add(m.created_at);
+                texts.insert(m.content.clone());
                 let mut it = owned_item(m, Section::Recalled);
                 it.tokens = cost;
                 recalled.push(it);
@@ -721,6 +725,8 @@ const RANGE_MAX: usize = 400;
 const ROUTE_HITS: usize = 6;
 /// Bounded recall: the level-1 summaries a higher summary of the route is expanded to.
 const ROUTE_CHILDREN: usize = 2;
+/// Bounded recall: the route descends at most this many levels from a summary it found.
+const ROUTE_MAX_DESCENT: usize = 8;
 /// Bounded recall: the summary rankings fused for the route are this deep.
 const ROUTE_DEPTH: usize = 30;
 /// Bounded recall: at most this many turns of a routed level-1 summary.
@@ -784,7 +790,8 @@ fn day_start(d: chrono::NaiveDate) -> DateTime<Utc> {
 
 /// The spans of the level-1 summaries of the thread that recall reads under: the best
 /// [`ROUTE_HITS`] summaries for the query (vector and keyword rankings fused), each one of
-/// level 2 or more replaced by its [`ROUTE_CHILDREN`] level-1 descendants nearest the query.
+/// level 2 or more replaced, one level at a time, by its [`ROUTE_CHILDREN`] children nearest
+/// the query, down to level 1.
 /// Coarse to fine: the vector ranking looks at the summaries above level 1, so its cost
 /// grows with a four-hundredth of the thread, not with the thread.
 fn route(
@@ -814,14 +821,26 @@ fn route(
     let k = store.search_keyword_ids_capped(keyword_text, ROUTE_DEPTH, &sf, KEYWORD_MAX_MATCHES)?;
     let mut chosen: Vec<u64> = Vec::new();
     for (vid, _) in fuse_ids(&[v, k], ROUTE_HITS) {
-        let below = store.descendant_vids(vid, 1)?;
-        if below.is_empty() {
-            chosen.push(vid);
-        } else {
+        // Down one level at a time, keeping the children nearest the query, so a hit high up
+        // costs its fan-out per level, not every summary under it.
+        let mut frontier = vec![vid];
+        for _ in 0..ROUTE_MAX_DESCENT {
+            let mut below = Vec::new();
+            for v in &frontier {
+                below.extend(store.child_summary_vids(*v)?);
+            }
+            if below.is_empty() {
+                break;
+            }
             let mut near = store.similarities(qv.to_vec(), &below)?;
             near.sort_by(|a, b| b.1.total_cmp(&a.1));
-            chosen.extend(near.into_iter().take(ROUTE_CHILDREN).map(|(v, _)| v));
+            frontier = near
+                .into_iter()
+                .take(ROUTE_CHILDREN)
+                .map(|(v, _)| v)
+                .collect();
         }
+        chosen.extend(frontier);
     }
     let mut seen = HashSet::new();
     chosen.retain(|vid| seen.insert(*vid));

@@ -506,3 +506,45 @@ async fn knowledge_and_scope_threads_are_recalled_on_request() {
     // A scope of a thread id that is not valid is a typed error.
     assert!(cairn_harness::ContextScope::threads([""]).is_err());
 }
+
+/// A text said many times is recalled once (its best-scored copy), so the copies do not
+/// crowd out the rest: 40 copies of one reminder among 200 turns, a question that matches
+/// it and another turn. Before, the copies filled the recalled block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_texts_are_recalled_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir).await;
+    let thread = ThreadId::new("repeats").unwrap();
+    let t0 = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let reminder = "Reminder: the cat's vet appointment is on Friday.";
+    let turns: Vec<NewMemory> = (0..200usize)
+        .map(|i| {
+            let text = if i % 5 == 0 {
+                reminder.to_owned()
+            } else if i == 101 {
+                "The cat has been sneezing since Tuesday.".to_owned()
+            } else {
+                format!("Filler message number {i} about the weather.")
+            };
+            NewMemory::conversational(thread.clone(), Role::User, text)
+                .at(t0 + chrono::Duration::hours(i64::try_from(i).unwrap()))
+        })
+        .collect();
+    mem.add_many(turns).await.unwrap();
+    let ctx = mem
+        .assemble_context("repeats", "When is the cat's appointment at the vet?", 300)
+        .await
+        .unwrap();
+    let got = recalled(&ctx);
+    assert_eq!(
+        got.iter().filter(|t| **t == reminder).count(),
+        1,
+        "{}",
+        ctx.render()
+    );
+    assert!(
+        got.iter().any(|t| t.contains("sneezing")),
+        "{}",
+        ctx.render()
+    );
+}

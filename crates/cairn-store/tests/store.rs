@@ -2051,7 +2051,7 @@ fn bounded_reads_of_a_long_thread() {
         .top_summaries(&ThreadId::new("b").unwrap(), 64)
         .unwrap()
         .is_empty());
-    // Under a level-2 summary at level 1: its two children; under a level-1 one: nothing.
+    // The summaries a level-2 summary cites: its two children; a level-1 one: none.
     let vid_of_summary = |id: MemoryId| -> u64 {
         let q = store.embedding(id).unwrap();
         store
@@ -2063,7 +2063,7 @@ fn bounded_reads_of_a_long_thread() {
             .unwrap()
     };
     let top = vid_of_summary(level2[1].id);
-    let below = store.descendant_vids(top, 1).unwrap();
+    let below = store.child_summary_vids(top).unwrap();
     let below_ids: Vec<MemoryId> = store
         .hits(below.iter().map(|v| (*v, 0.0)).collect())
         .unwrap()
@@ -2071,8 +2071,16 @@ fn bounded_reads_of_a_long_thread() {
         .map(|h| h.memory.id)
         .collect();
     assert_eq!(below_ids, [level1[2].id, level1[3].id]);
+    // Their spans, read without their rows.
+    let spans = store.summary_spans(&below).unwrap();
+    assert_eq!(spans.len(), 2);
+    assert_eq!((spans[0].1, spans[0].2), (at(20), at(29)));
+    assert!(store.summary_spans(&[vid_of(3)]).unwrap().is_empty());
+    // And when things happened, from the index.
+    let times = store.times_of(&[vid_of(3), u64::MAX - 1]).unwrap();
+    assert_eq!(times, [(vid_of(3), at(3))]);
     assert!(store
-        .descendant_vids(vid_of_summary(level1[0].id), 1)
+        .child_summary_vids(vid_of_summary(level1[0].id))
         .unwrap()
         .is_empty());
 }

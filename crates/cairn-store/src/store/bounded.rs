@@ -221,23 +221,20 @@ impl Store {
             .collect())
     }
 
-    /// The index ids of the summaries at `level` under the summary whose index id is
-    /// `summary` (through the levels between), once each; empty for an unknown id or a
-    /// summary at or below `level`.
-    pub fn descendant_vids(&self, summary: u64, level: u32) -> Result<Vec<u64>> {
+    /// The index ids of the summaries a summary (by index id) cites directly, in their
+    /// order; continuation links (an earlier version of a moving summary) are left out.
+    /// Empty for an unknown id, or a summary of turns only.
+    pub fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
         let vid = i64::try_from(summary).unwrap_or(i64::MAX);
         self.read(|c| {
             let mut stmt = c.prepare_cached(
-                "WITH RECURSIVE down(r) AS (
-                    SELECT l.source FROM summary_sources l JOIN memories s ON s.rid = l.summary
-                     WHERE s.vid = ?1 AND s.level > ?2
-                    UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r
-                     JOIN memories d ON d.rid = down.r WHERE d.level > ?2)
-                 SELECT m.vid FROM memories m
-                  WHERE m.rid IN (SELECT r FROM down) AND m.level = ?2 AND m.kind = 'summary'
-                  ORDER BY m.created_at, m.rid",
+                "SELECT m.vid FROM summary_sources l
+                   JOIN memories s ON s.rid = l.summary
+                   JOIN memories m ON m.rid = l.source
+                  WHERE s.vid = ?1 AND l.continues = 0 AND m.kind = 'summary'
+                  ORDER BY l.position",
             )?;
-            let rows = stmt.query_map(params![vid, level], |r| r.get::<_, i64>(0))?;
+            let rows = stmt.query_map(params![vid], |r| r.get::<_, i64>(0))?;
             let mut out = Vec::new();
             for v in rows {
                 out.push(u64::try_from(v?).unwrap_or(u64::MAX));
