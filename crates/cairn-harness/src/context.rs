@@ -444,6 +444,22 @@ fn owned_item(m: MemoryUnit, section: Section) -> ContextItem {
     }
 }
 
+/// Whether `text` surely costs more than `room` tokens, told from a prefix of it (about
+/// eight bytes per token of room) when it is much longer than that: a long summary is not
+/// tokenized whole to find that it does not fit. A prefix never counts more than one token
+/// over the whole text (the cut may split one token in two).
+fn too_long(text: &str, room: usize, counter: &dyn TokenCounter) -> bool {
+    let probe = room.saturating_mul(8).saturating_add(64);
+    if text.len() <= probe {
+        return false;
+    }
+    let mut cut = probe;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    counter.count(&text[..cut]) > room.saturating_add(1)
+}
+
 /// A context item for `m` as its own message, with its token count.
 fn item(m: MemoryUnit, section: Section, counter: &dyn TokenCounter) -> ContextItem {
     let mut i = owned_item(m, section);
@@ -596,8 +612,14 @@ fn assemble_with(
     let mut tops = inner.store.top_summaries(thread, TOP_SUMMARIES_PER_LEVEL)?;
     tops.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     for s in tops {
-        let it = item(s, Section::Summary, counter);
-        if used + it.tokens > summary_cap.min(budget) {
+        let room = summary_cap.min(budget).saturating_sub(used);
+        let mut it = owned_item(s, Section::Summary);
+        let text = render_item(&it);
+        if too_long(&text, room, counter) {
+            continue;
+        }
+        it.tokens = counter.count_message(&text);
+        if it.tokens > room {
             continue;
         }
         used += it.tokens;
@@ -1060,6 +1082,26 @@ mod tests {
             .iter()
             .map(|s| s.iter().map(|e| e.vid).collect())
             .collect()
+    }
+
+    /// A summary far longer than the room is told apart from a prefix; one that may fit is
+    /// never refused by it.
+    #[test]
+    fn too_long_is_told_from_a_prefix_and_never_refuses_what_fits() {
+        let c = crate::TiktokenCounter::cl100k().unwrap();
+        let long = "word ".repeat(5_000);
+        assert!(too_long(&long, 100, &c));
+        assert!(!too_long(&long, 5_000, &c));
+        let short = "word ".repeat(20);
+        assert!(!too_long(&short, 10, &c), "short texts are counted whole");
+        // Whatever the room, too_long implies the whole count is over it.
+        for room in [0, 1, 5, 50, 200, 1_000, 4_000, 6_000] {
+            for text in [&long, &"é".repeat(3_000), &"x".repeat(10_000)] {
+                if too_long(text, room, &c) {
+                    assert!(c.count(text) > room, "{room}");
+                }
+            }
+        }
     }
 
     /// Overlapping stretches join; stretches that do not touch stay apart even when they
