@@ -669,16 +669,21 @@ fn assemble_with(
         // Recalled turns share one message: its header and each day's header line are
         // paid by the first turn that needs them.
         let mut block = RecalledBlockCost::new(counter);
-        // A turn whose text is already in the context (a repeated message, a re-sent tool
-        // result) says nothing new: only its best-scored copy is recalled.
-        let mut texts: HashSet<String> = recent.iter().map(|i| i.content.clone()).collect();
+        // A turn whose text is already in the context on the same day (a repeated message,
+        // a re-sent tool result) says nothing new: only its best-scored copy is recalled.
+        // The same words on another day are another event, and are kept.
+        let mut texts: HashSet<(chrono::NaiveDate, String)> = recent
+            .iter()
+            .map(|i| (i.created_at.date_naive(), i.content.clone()))
+            .collect();
         'chunks: for chunk in order.chunks(READ_CHUNK) {
             for hit in inner.store.hits(chunk.to_vec())? {
                 if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                     break 'chunks;
                 }
                 let m = hit.memory;
-                if recent_ids.contains(&m.id) || texts.contains(&m.content) {
+                let said = (m.created_at.date_naive(), m.content.clone());
+                if recent_ids.contains(&m.id) || texts.contains(&said) {
                     continue;
                 }
                 let cost = block.cost(&m.content, m.created_at);
@@ -688,7 +693,7 @@ fn assemble_with(
                 }
                 used += cost;
                 block.add(m.created_at);
-                texts.insert(m.content.clone());
+                texts.insert(said);
                 let mut it = owned_item(m, Section::Recalled);
                 it.tokens = cost;
                 recalled.push(it);

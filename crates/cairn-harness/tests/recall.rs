@@ -507,43 +507,65 @@ async fn knowledge_and_scope_threads_are_recalled_on_request() {
     assert!(cairn_harness::ContextScope::threads([""]).is_err());
 }
 
-/// A text said many times is recalled once (its best-scored copy), so the copies do not
-/// crowd out the rest: 40 copies of one reminder among 200 turns, a question that matches
-/// it and another turn. Before, the copies filled the recalled block.
+/// A text said many times in a day is recalled once that day (its best-scored copy), so the
+/// copies do not crowd out the rest: 40 copies of one reminder re-sent through one day among
+/// 200 turns, a question that matches it, and another turn about the cat. Before, the copies
+/// filled the recalled block. The same words on another day are another event and stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repeated_texts_are_recalled_once() {
+async fn repeated_texts_are_recalled_once_a_day() {
     let dir = tempfile::tempdir().unwrap();
     let mem = open(&dir).await;
     let thread = ThreadId::new("repeats").unwrap();
-    let t0 = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let t0 = chrono::DateTime::from_timestamp(1_700_006_400, 0).unwrap(); // 2023-11-15 00:00
     let reminder = "Reminder: the cat's vet appointment is on Friday.";
-    let turns: Vec<NewMemory> = (0..200usize)
+    let mut turns: Vec<NewMemory> = (0..200usize)
         .map(|i| {
-            let text = if i % 5 == 0 {
-                reminder.to_owned()
-            } else if i == 101 {
-                "The cat has been sneezing since Tuesday.".to_owned()
+            let (text, at) = if i % 5 == 0 {
+                // Day 0, every 20 minutes.
+                (
+                    reminder.to_owned(),
+                    t0 + chrono::Duration::minutes(20 * i64::try_from(i / 5).unwrap()),
+                )
             } else {
-                format!("Filler message number {i} about the weather.")
+                let text = if i == 101 {
+                    "The cat has been sneezing since Tuesday.".to_owned()
+                } else {
+                    format!("Filler message number {i} about the weather.")
+                };
+                (
+                    text,
+                    t0 + chrono::Duration::hours(24 + i64::try_from(i).unwrap()),
+                )
             };
-            NewMemory::conversational(thread.clone(), Role::User, text)
-                .at(t0 + chrono::Duration::hours(i64::try_from(i).unwrap()))
+            NewMemory::conversational(thread.clone(), Role::User, text).at(at)
         })
         .collect();
+    // The reminder once more, days later.
+    turns.push(
+        NewMemory::conversational(thread.clone(), Role::User, reminder)
+            .at(t0 + chrono::Duration::days(20)),
+    );
+    turns.push(
+        NewMemory::conversational(thread.clone(), Role::User, "Good night.")
+            .at(t0 + chrono::Duration::days(21)),
+    );
     mem.add_many(turns).await.unwrap();
     let ctx = mem
         .assemble_context("repeats", "When is the cat's appointment at the vet?", 300)
         .await
         .unwrap();
-    let got = recalled(&ctx);
-    assert_eq!(
-        got.iter().filter(|t| **t == reminder).count(),
-        1,
-        "{}",
-        ctx.render()
-    );
+    let days: Vec<chrono::NaiveDate> = ctx
+        .items
+        .iter()
+        .filter(|i| i.section == Section::Recalled && i.content == reminder)
+        .map(|i| i.created_at.date_naive())
+        .collect();
+    let mut unique = days.clone();
+    unique.dedup();
+    assert_eq!(days.len(), 2, "{}", ctx.render());
+    assert_eq!(unique.len(), 2, "{}", ctx.render());
     assert!(
-        got.iter().any(|t| t.contains("sneezing")),
+        recalled(&ctx).iter().any(|t| t.contains("sneezing")),
         "{}",
         ctx.render()
     );
