@@ -750,7 +750,7 @@ const TAIL_MAX: usize = 2_000;
 const RANGE_MAX: usize = 400;
 /// Bounded recall: the summaries of any level the route starts from.
 const ROUTE_HITS: usize = 6;
-/// Bounded recall: the level-1 summaries a higher summary of the route is expanded to.
+/// Bounded recall: the children kept at each level of the route's descent.
 const ROUTE_CHILDREN: usize = 2;
 /// Bounded recall: the route descends at most this many levels from a summary it found.
 const ROUTE_MAX_DESCENT: usize = 8;
