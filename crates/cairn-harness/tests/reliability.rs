@@ -1549,14 +1549,32 @@ fn threads_never_leak_into_each_other() {
 #[test]
 fn sql_is_built_with_parameters_only() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    // `marks` is `?, ?, …` (placeholders only) and `extra` a literal column list.
-    let allowed = ["cond", "cols", "COLS", "where_order", "marks", "extra"];
+    // `marks` is `?, ?, …` (placeholders only), `extra` and `TIMELINE_COLS` literal column
+    // lists, `order` one of two literal ORDER BY lists.
+    let allowed = [
+        "cond",
+        "cols",
+        "COLS",
+        "TIMELINE_COLS",
+        "where_order",
+        "marks",
+        "extra",
+        "order",
+    ];
     let sql_words = [
         "SELECT ", "INSERT ", "UPDATE ", "DELETE ", "WHERE ", "PRAGMA ", "CREATE ",
     ];
     let mut checked = 0;
+    // Each crate's `src` and its subfolders one level down (`store/`).
+    let mut dirs = Vec::new();
     for krate in std::fs::read_dir(&root).unwrap() {
         let src = krate.unwrap().path().join("src");
+        if let Ok(entries) = std::fs::read_dir(&src) {
+            dirs.extend(entries.map(|e| e.unwrap().path()).filter(|p| p.is_dir()));
+            dirs.push(src);
+        }
+    }
+    for src in dirs {
         let Ok(files) = std::fs::read_dir(&src) else {
             continue;
         };
