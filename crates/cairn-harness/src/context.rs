@@ -11,7 +11,7 @@ use cairn_store::{Filter, TimelineEntry};
 
 use crate::harness::{blocking, fuse_ids, hybrid_ids, Inner};
 use crate::recall::{
-    bonus_range, keyword_query, score_entries, score_timeline, time_range, vector_query, QueryCues,
+    bonus_range, keyword_query, score_entries, score_timeline, vector_query, QueryCues,
     RecallWeights, Scales, ROUTE_SUMMARIES,
 };
 use crate::{HarnessError, MemoryHarness, Result};
@@ -937,7 +937,9 @@ fn bounded_ranking(
         .consolidated_until(thread)?
         .map(|t| t + chrono::Duration::microseconds(1));
     stretches.push(store.timeline_page(&tail, TAIL_MAX, true)?.0);
-    if let Some(range) = time_range(query) {
+    let speakers = store.thread_speakers(thread)?;
+    let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
+    if let Some(range) = cues.range {
         let (from, to) = bonus_range(range);
         let within = f.clone().between(day_start(from), day_start(to));
         let (page, more) = store.timeline_page(&within, RANGE_MAX, false)?;
@@ -945,7 +947,6 @@ fn bounded_ranking(
             stretches.push(page);
         }
     }
-    let speakers = store.thread_speakers(thread)?;
     let qv = join_vector(pending)?;
     let vector = store.search_vector_ids(qv.clone(), depth, &f, None)?;
     let scales = Scales::new(&vector, &keyword, turns);
@@ -998,7 +999,6 @@ fn bounded_ranking(
         .filter(|v| !vmap.contains_key(v))
         .collect();
     vmap.extend(store.similarities(qv.clone(), &unranked)?);
-    let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
     let mut out: Vec<Ranked> = Vec::new();
     for seg in &segments {
         let scores = score_entries(seg, &vmap, &kmap, &scales, &routed, cues, w);
