@@ -8,6 +8,7 @@
 mod eval;
 mod eval_haystack;
 mod eval_summaries;
+mod serve;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -32,6 +33,16 @@ struct Cli {
     /// The store (SQLite file; created if missing).
     #[arg(long, global = true, default_value = "cairn.db", env = "CAIRN_DB")]
     db: PathBuf,
+    /// The namespace (tenant) to work in: `default` is the --db file itself, any other
+    /// lives in FILE.ns/NAME.db beside it. `serve --stdio` serves this namespace; `keys
+    /// create` makes a key for it.
+    #[arg(
+        long,
+        global = true,
+        default_value = "default",
+        env = "CAIRN_NAMESPACE"
+    )]
+    namespace: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -176,11 +187,56 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the store: REST and MCP over HTTP (every request needs an API key from `cairn
+    /// keys create`), or MCP over stdin/stdout for one namespace with --stdio.
+    Serve {
+        /// Address to listen on (HTTP).
+        #[arg(long, default_value = "127.0.0.1:8420")]
+        listen: String,
+        /// Serve MCP over stdin/stdout instead (the form MCP clients launch); logs go to
+        /// stderr.
+        #[arg(long)]
+        stdio: bool,
+        /// Consolidate every namespace this often (90s, 30m, 1h, ...), in the server.
+        #[arg(long, value_name = "DURATION")]
+        consolidate_every: Option<String>,
+        /// With --consolidate-every: summarize memories older than this.
+        #[arg(long, default_value = "1h", value_name = "DURATION")]
+        consolidate_older_than: String,
+        /// Offer the memory_consolidate tool to MCP clients.
+        #[arg(long)]
+        allow_consolidate: bool,
+        /// Largest request body, in bytes.
+        #[arg(long, default_value_t = 16 * 1024 * 1024)]
+        max_body: usize,
+        /// Most memories in one add.
+        #[arg(long, default_value_t = 1000)]
+        max_batch: usize,
+    },
+    /// API keys: each opens one namespace of this store.
+    Keys {
+        #[command(subcommand)]
+        what: KeysCommand,
+    },
     /// Retrieval evaluations.
     Eval {
         #[command(subcommand)]
         what: EvalCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key for --namespace (default: `default`); it is printed once, as the last
+    /// word of the last line, and only its hash is kept.
+    Create { name: String },
+    /// List the keys (names, namespaces, creation times; never the keys).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key by name.
+    Revoke { name: String },
 }
 
 #[derive(Subcommand)]
@@ -260,18 +316,7 @@ fn thread(s: &str) -> Result<ThreadId> {
 
 /// Parses `90`, `90s`, `30m`, `2h`, `7d`.
 fn duration(s: &str) -> Result<Duration> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('s') => (&s[..s.len() - 1], 1),
-        Some('m') => (&s[..s.len() - 1], 60),
-        Some('h') => (&s[..s.len() - 1], 3600),
-        Some('d') => (&s[..s.len() - 1], 86_400),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("bad duration {s:?} (use 90s, 30m, 2h, 7d)"))?;
-    Ok(Duration::from_secs(n.saturating_mul(mult)))
+    cairn_server::parse_duration(s).map_err(anyhow::Error::msg)
 }
 
 fn print_json(v: &impl serde::Serialize) -> Result<()> {
@@ -360,8 +405,75 @@ async fn main() {
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
+async fn run(mut cli: Cli) -> Result<()> {
+    let ns = cairn_server::Namespace::new(&cli.namespace)
+        .map_err(|e| anyhow::anyhow!("--namespace: {e}"))?;
+    let base = cli.db.clone();
+    if !ns.is_default() {
+        let path = cairn_server::namespace_path(&base, &ns);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        cli.db = path;
+    }
     match cli.command {
+        Command::Serve {
+            listen,
+            stdio,
+            consolidate_every,
+            consolidate_older_than,
+            allow_consolidate,
+            max_body,
+            max_batch,
+        } => {
+            serve::run(serve::Args {
+                db: base,
+                namespace: ns,
+                listen,
+                stdio,
+                consolidate_every: consolidate_every.as_deref().map(duration).transpose()?,
+                consolidate_older_than: duration(&consolidate_older_than)?,
+                allow_consolidate,
+                max_body,
+                max_batch,
+            })
+            .await?;
+        }
+        Command::Keys { what } => {
+            let keys = cairn_server::KeyStore::open(&base)?;
+            match what {
+                KeysCommand::Create { name } => {
+                    let key = keys.create(&name, &ns)?;
+                    println!(
+                        "created key {name:?} for namespace {ns} of {} (shown once; only its hash is kept):",
+                        base.display()
+                    );
+                    println!("{key}");
+                }
+                KeysCommand::List { json } => {
+                    let list = keys.list()?;
+                    if json {
+                        print_json(&list)?;
+                    } else {
+                        for k in list {
+                            println!(
+                                "{:<24} {:<16} {}{}",
+                                k.name,
+                                k.namespace,
+                                k.created_at,
+                                if k.revoked { "  revoked" } else { "" }
+                            );
+                        }
+                    }
+                }
+                KeysCommand::Revoke { name } => {
+                    if !keys.revoke(&name)? {
+                        bail!("no active key named {name:?}");
+                    }
+                    println!("revoked key {name:?}");
+                }
+            }
+        }
         Command::Import {
             file,
             format,
