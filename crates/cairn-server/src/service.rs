@@ -217,6 +217,11 @@ impl Service {
         &self.namespaces
     }
 
+    /// Add requests waiting for the ingest queue's next model run.
+    pub fn ingest_queued(&self) -> usize {
+        self.ingest.max_capacity() - self.ingest.capacity()
+    }
+
     /// Whether clients may run consolidation (MCP's `memory_consolidate`).
     pub fn allow_consolidate(&self) -> bool {
         self.allow_consolidate
