@@ -142,10 +142,17 @@ impl Server {
 
     /// The whole HTTP application (REST, `/mcp`, health, metrics, OpenAPI); MCP sessions
     /// end when `shutdown` is cancelled.
-    pub fn router(&self, shutdown: &CancellationToken) -> axum::Router {
+    ///
+    /// `/mcp` accepts only loopback `Host` headers (rmcp's guard against DNS rebinding)
+    /// unless `any_host` is set, for a server listening beyond loopback, where the API key
+    /// is the guard.
+    pub fn router(&self, shutdown: &CancellationToken, any_host: bool) -> axum::Router {
         let tools = self.mcp(None);
-        let config =
+        let mut config =
             StreamableHttpServerConfig::default().with_cancellation_token(shutdown.child_token());
+        if any_host {
+            config = config.disable_allowed_hosts();
+        }
         let service: StreamableHttpService<mcp::CairnMcp, LocalSessionManager> =
             StreamableHttpService::new(
                 move || Ok(tools.clone()),
@@ -163,7 +170,8 @@ impl Server {
         listener: tokio::net::TcpListener,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        let app = self.router(&shutdown);
+        let any_host = !listener.local_addr()?.ip().is_loopback();
+        let app = self.router(&shutdown, any_host);
         let stop = shutdown.clone();
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { stop.cancelled_owned().await })

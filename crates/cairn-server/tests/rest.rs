@@ -397,6 +397,13 @@ fn openapi_health_and_metrics_are_served_without_a_key() {
         Some(r#"{"query":"anything"}"#),
     );
     s.call("POST", "/v1/search", None, Some(r#"{"query":"anything"}"#));
+    // MCP over HTTP sits behind the same keys.
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+    assert_eq!(s.call("POST", "/mcp", None, Some(init)).0, 401);
+    assert_eq!(
+        s.call("POST", "/mcp", Some("cairn_wrong"), Some(init)).0,
+        401
+    );
     let (st, m) = s.call("GET", "/metrics", None, None);
     assert_eq!(st, 200);
     let m = m.as_str().unwrap().to_owned();
