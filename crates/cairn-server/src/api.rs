@@ -391,3 +391,34 @@ pub enum AddBody {
     /// Several, in one transaction.
     Many(Vec<AddMemory>),
 }
+
+/// Turns on one day.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
+pub struct DayCount {
+    /// The day (UTC, `YYYY-MM-DD`).
+    pub day: String,
+    /// Raw memories of the thread that day.
+    pub turns: usize,
+}
+
+/// The time a summary covers.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
+pub struct SpanOut {
+    /// The summary's id.
+    pub id: String,
+    /// Its level.
+    pub level: u32,
+    /// Its earliest source's time.
+    pub start: String,
+    /// Its latest source's time.
+    pub end: String,
+}
+
+/// A thread over time: turns per day and the spans of its summaries.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
+pub struct Timeline {
+    /// Days with at least one turn, in order.
+    pub days: Vec<DayCount>,
+    /// The summaries' spans, by level then time.
+    pub spans: Vec<SpanOut>,
+}

@@ -238,6 +238,30 @@ async fn memory_summaries(
     Ok(Json(st.service.summaries_of(&ns, &id).await?))
 }
 
+/// The summaries above a memory, every level up (nearest first).
+#[utoipa::path(get, path = "/v1/memories/{id}/ancestors", tag = "summaries",
+    params(("id" = String, Path, description = "Memory id")),
+    responses((status = 200, body = Memories), (status = 404, body = ErrorBody)))]
+async fn memory_ancestors(
+    State(st): State<AppState>,
+    Extension(ns): Extension<Namespace>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Memories>> {
+    Ok(Json(st.service.ancestors(&ns, &id).await?))
+}
+
+/// A thread over time: turns per day and the spans its summaries cover.
+#[utoipa::path(get, path = "/v1/threads/{id}/timeline", tag = "threads",
+    params(("id" = String, Path, description = "Thread id")),
+    responses((status = 200, body = Timeline), (status = 422, body = ErrorBody)))]
+async fn thread_timeline(
+    State(st): State<AppState>,
+    Extension(ns): Extension<Namespace>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Timeline>> {
+    Ok(Json(st.service.timeline(&ns, &id).await?))
+}
+
 /// Adds a summary over memories (or summaries) of the caller's namespace.
 #[utoipa::path(post, path = "/v1/summaries", tag = "summaries", request_body = AddSummary,
     responses((status = 201, body = SummaryCreated), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
@@ -352,6 +376,38 @@ async fn consolidate(
     Ok(Json(st.service.consolidate(&ns, r).await?))
 }
 
+const UI_INDEX: &str = include_str!("../ui/index.html");
+const UI_JS: &str = include_str!("../ui/app.js");
+const UI_CSS: &str = include_str!("../ui/style.css");
+
+/// The web view's static files (no key: every API call the page makes carries the key the
+/// user enters).
+fn ui() -> Router<AppState> {
+    let page = |body: &'static str, ty: &'static str| {
+        axum::routing::get(move || async move {
+            (
+                [
+                    (header::CONTENT_TYPE, ty),
+                    (header::CACHE_CONTROL, "no-cache"),
+                    (
+                        header::CONTENT_SECURITY_POLICY,
+                        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'",
+                    ),
+                ],
+                body,
+            )
+        })
+    };
+    Router::new()
+        .route(
+            "/ui",
+            axum::routing::get(|| async { axum::response::Redirect::permanent("/ui/") }),
+        )
+        .route("/ui/", page(UI_INDEX, "text/html; charset=utf-8"))
+        .route("/ui/app.js", page(UI_JS, "text/javascript; charset=utf-8"))
+        .route("/ui/style.css", page(UI_CSS, "text/css; charset=utf-8"))
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -433,6 +489,8 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(add_memories, list_memories))
         .routes(routes!(get_memory, delete_memory))
         .routes(routes!(memory_summaries))
+        .routes(routes!(memory_ancestors))
+        .routes(routes!(thread_timeline))
         .routes(routes!(add_summary))
         .routes(routes!(summary_sources))
         .routes(routes!(summary_tree))
@@ -456,6 +514,7 @@ pub fn app(state: AppState, mcp: Option<Router<AppState>>) -> Router {
     let spec = Arc::new(api);
     let mut r = Router::new()
         .merge(v1)
+        .merge(ui())
         .route("/healthz", axum::routing::get(healthz))
         .route("/metrics", axum::routing::get(metrics))
         .route(

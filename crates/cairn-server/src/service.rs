@@ -56,6 +56,12 @@ impl Default for Limits {
     }
 }
 
+/// The most turns a timeline answer reads.
+pub const MAX_TIMELINE_TURNS: usize = 200_000;
+
+/// The most summary spans a timeline answer lists.
+pub const MAX_TIMELINE_SPANS: usize = 20_000;
+
 /// The most texts one model run of the ingest queue embeds.
 pub const MAX_EMBED_BATCH: usize = 256;
 
@@ -401,6 +407,71 @@ impl Service {
         Ok(Memories {
             memories: ms.iter().map(MemoryOut::from).collect(),
         })
+    }
+
+    /// The summaries above a memory, every level up (nearest first).
+    pub async fn ancestors(&self, ns: &Namespace, id: &str) -> Result<Memories, ApiError> {
+        let id = parse_id(id, "id")?;
+        let ms = self.store(ns).await?.ancestors(id).await?;
+        Ok(Memories {
+            memories: ms.iter().map(MemoryOut::from).collect(),
+        })
+    }
+
+    /// A thread's turns per day and its summaries' spans (at most
+    /// [`MAX_TIMELINE_TURNS`] turns and [`MAX_TIMELINE_SPANS`] summaries).
+    pub async fn timeline(&self, ns: &Namespace, thread: &str) -> Result<Timeline, ApiError> {
+        let t = parse_thread(thread, "thread")?;
+        let h = self.store(ns).await?;
+        tokio::task::spawn_blocking(move || -> Result<Timeline, ApiError> {
+            let s = h.store();
+            let conv = |e| ApiError::from(cairn_harness::HarnessError::from(e));
+            let raw: Vec<MemoryKind> = MemoryKind::ALL
+                .iter()
+                .copied()
+                .filter(|k| *k != MemoryKind::Summary)
+                .collect();
+            let turns = s.count_in_thread(&t, &raw).map_err(conv)?;
+            if turns > MAX_TIMELINE_TURNS {
+                return Err(ApiError::invalid(
+                    Some("thread"),
+                    format!("{turns} turns: over the {MAX_TIMELINE_TURNS} a timeline draws"),
+                ));
+            }
+            let mut f = Filter::all().kinds(raw);
+            f.thread = Some(t.clone());
+            let mut per_day: BTreeMap<String, usize> = BTreeMap::new();
+            for e in s.timeline_entries(&f).map_err(conv)? {
+                *per_day
+                    .entry(e.at.format("%Y-%m-%d").to_string())
+                    .or_default() += 1;
+            }
+            let mut sf = Filter::all().kinds([MemoryKind::Summary]);
+            sf.thread = Some(t);
+            let mut spans: Vec<SpanOut> = s
+                .scan(&sf, 0, MAX_TIMELINE_SPANS)
+                .map_err(conv)?
+                .iter()
+                .filter_map(|m| {
+                    m.summary.as_ref().map(|i| SpanOut {
+                        id: m.id.to_string(),
+                        level: m.level,
+                        start: i.time_range_start.to_rfc3339(),
+                        end: i.time_range_end.to_rfc3339(),
+                    })
+                })
+                .collect();
+            spans.sort_by(|a, b| (a.level, &a.start).cmp(&(b.level, &b.start)));
+            Ok(Timeline {
+                days: per_day
+                    .into_iter()
+                    .map(|(day, turns)| DayCount { day, turns })
+                    .collect(),
+                spans,
+            })
+        })
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?
     }
 
     fn check_query(&self, q: &str) -> Result<(), ApiError> {
