@@ -358,7 +358,8 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
                 &a.str("older_than")?.unwrap_or_else(|| "1h".into()),
             )?);
             if let Some(n) = a.usize("chunk_size")? {
-                p = p.chunk_size(n);
+                // A tail waits for `min_chunk` memories (5 by default): never more than a chunk.
+                p = p.chunk_size(n).min_chunk(n.clamp(1, 5));
             }
             if let Some(n) = a.usize("fanout")? {
                 p = p.fanout(n);

@@ -17,6 +17,7 @@ in Rust with the GIL released.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from typing import Any, Iterable, Optional, Union
 
@@ -111,11 +112,13 @@ class MemoryHarness:
     (deterministic and meaningless: for tests of logic)."""
 
     def __init__(self, path: str, *, embedder: str = "minilm", cache: bool = True) -> None:
+        # Absolute: the store stays the file it was opened as if the process changes directory.
+        path = os.path.abspath(os.fspath(path))
         try:
-            self._h = _cairn.Harness(str(path), embedder, cache)
+            self._h = _cairn.Harness(path, embedder, cache)
         except _cairn.Error as e:
             raise _error(e) from None
-        self.path = str(path)
+        self.path = path
 
     def _call(self, method: str, **args: Any) -> Any:
         try:
