@@ -124,6 +124,9 @@ enum Command {
         id: Option<String>,
         #[arg(long)]
         thread: Option<String>,
+        /// Levels to show below each root (all by default).
+        #[arg(long)]
+        depth: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -615,6 +618,7 @@ async fn run(mut cli: Cli) -> Result<()> {
         Command::Tree {
             id: i,
             thread: t,
+            depth,
             json,
         } => {
             let mem = open(&cli.db).await?;
@@ -634,7 +638,8 @@ async fn run(mut cli: Cli) -> Result<()> {
             };
             let mut trees = Vec::new();
             for r in roots {
-                trees.push(mem.summary_tree(r).await?);
+                let depth = depth.unwrap_or(cairn_harness::MAX_TREE_DEPTH);
+                trees.push(mem.summary_tree_depth(r, depth).await?);
             }
             if json {
                 print_json(&trees)?;

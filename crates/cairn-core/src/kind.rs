@@ -97,6 +97,8 @@ text_enum!(
         Session => "session",
         /// Memories about one topic.
         Topic => "topic",
+        /// Summaries rolled up a level (consolidation above level 1).
+        Rollup => "rollup",
     }
 );
 

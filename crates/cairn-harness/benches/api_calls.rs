@@ -5,7 +5,13 @@
 //!
 //! `cargo bench -p cairn-harness --bench api_calls [-- N]`
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
+)]
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -619,7 +619,7 @@ impl MemoryHarness {
             summary_type: if level == 0 {
                 SummaryType::Conversation
             } else {
-                SummaryType::Session
+                SummaryType::Rollup
             },
             metadata,
             created_at: chunk.iter().map(|m| m.created_at).max(),

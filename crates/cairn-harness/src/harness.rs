@@ -140,9 +140,16 @@ pub type SearchHit = cairn_store::Hit;
 pub struct SummaryTree {
     /// The memory at this node.
     pub memory: MemoryUnit,
-    /// Its sources, in order (empty for raw memories).
+    /// Its sources, in order (empty for raw memories, and below the depth asked for).
     pub children: Vec<SummaryTree>,
+    /// True when the node has sources that were left out (the depth bound).
+    #[serde(default)]
+    pub truncated: bool,
 }
+
+/// The deepest [`MemoryHarness::summary_tree`] goes below its root: far beyond what
+/// consolidation builds (levels up to 4 by default), a bound on a hand-made deep chain.
+pub const MAX_TREE_DEPTH: usize = 64;
 
 impl SummaryTree {
     /// Nodes in the tree (shared sources count once per path).
@@ -684,10 +691,16 @@ impl MemoryHarness {
 
     /// The hierarchy under `id` as data.
     pub async fn summary_tree(&self, id: MemoryId) -> Result<SummaryTree> {
+        self.summary_tree_depth(id, MAX_TREE_DEPTH).await
+    }
+
+    /// [`Self::summary_tree`] down to `depth` levels below `id` (0: the root alone); nodes
+    /// whose sources were left out say so (`truncated`).
+    pub async fn summary_tree_depth(&self, id: MemoryId, depth: usize) -> Result<SummaryTree> {
         let inner = self.inner.clone();
         blocking(move || -> Result<SummaryTree> {
             let root = inner.store.get(id)?;
-            build_tree(&inner.store, root)
+            build_tree(&inner.store, root, depth)
         })
         .await?
     }
@@ -721,6 +734,22 @@ impl MemoryHarness {
         Ok(blocking(move || inner.store.snapshot()).await??)
     }
 
+    /// Closes this handle and says what failed, where dropping it cannot: writes the index
+    /// snapshot, and when this is the last handle (clones share the store) stops the writer
+    /// thread after its queued writes. Every acknowledged write is committed already; a
+    /// close only makes the next open faster and the shutdown explicit. Dropping still works.
+    pub async fn close(self) -> Result<()> {
+        let inner = self.inner;
+        blocking(move || -> Result<()> {
+            inner.store.snapshot()?;
+            match Arc::try_unwrap(inner) {
+                Ok(last) => Ok(last.store.close()?),
+                Err(_shared) => Ok(()),
+            }
+        })
+        .await?
+    }
+
     /// Rebuilds the vector index from the stored embeddings.
     pub async fn reindex(&self) -> Result<()> {
         let inner = self.inner.clone();
@@ -728,12 +757,13 @@ impl MemoryHarness {
     }
 }
 
-fn build_tree(store: &Store, root: MemoryUnit) -> Result<SummaryTree> {
-    let children = if root.is_summary() {
+fn build_tree(store: &Store, root: MemoryUnit, depth: usize) -> Result<SummaryTree> {
+    let has_sources = root.summary.as_ref().is_some_and(|s| s.source_count > 0);
+    let children = if has_sources && depth > 0 {
         store
             .sources(root.id)?
             .into_iter()
-            .map(|m| build_tree(store, m))
+            .map(|m| build_tree(store, m, depth - 1))
             .collect::<Result<_>>()?
     } else {
         Vec::new()
@@ -741,6 +771,7 @@ fn build_tree(store: &Store, root: MemoryUnit) -> Result<SummaryTree> {
     Ok(SummaryTree {
         memory: root,
         children,
+        truncated: has_sources && depth == 0,
     })
 }
 
@@ -860,7 +891,7 @@ pub fn infer_summary_type(sources: &[MemoryUnit]) -> SummaryType {
     {
         SummaryType::Conversation
     } else if sources.iter().all(MemoryUnit::is_summary) {
-        SummaryType::Session
+        SummaryType::Rollup
     } else {
         SummaryType::Document
     }

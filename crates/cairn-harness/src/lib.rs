@@ -53,7 +53,7 @@ pub use error::{HarnessError, Result};
 pub use extractive::{sentences, summary_keywords, ExtractiveSummarizer};
 pub use harness::{
     fuse, fuse_ids, fuse_weighted, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness,
-    SearchHit, SearchMode, SearchOptions, SummaryTree, RRF_K,
+    SearchHit, SearchMode, SearchOptions, SummaryTree, MAX_TREE_DEPTH, RRF_K,
 };
 pub use openai::{
     render_transcript, OpenAiBuilder, OpenAiSummarizer, PromptTemplate, RollupTemplate, DATE_RANGE,

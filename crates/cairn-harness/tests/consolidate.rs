@@ -112,6 +112,16 @@ async fn builds_a_tree_from_old_memories_only() {
         }
         // Every covered turn is reachable from a top summary.
         let tops: Vec<_> = summaries.iter().filter(|s| s.level == 2).collect();
+        // Roll-ups say what they are; level-1 summaries summarize a conversation.
+        for s in &summaries {
+            let t = s.summary.as_ref().unwrap().summary_type;
+            let want = if s.level == 1 {
+                cairn_core::SummaryType::Conversation
+            } else {
+                cairn_core::SummaryType::Rollup
+            };
+            assert_eq!(t, want, "level {}", s.level);
+        }
         let mut from_tops = HashSet::new();
         for t in &tops {
             from_tops.extend(

@@ -263,6 +263,22 @@ async fn summaries_expansion_backlinks_tree_and_errors() {
     let tree = mem.summary_tree(weekly).await.unwrap();
     assert_eq!((tree.len(), tree.depth()), (11, 2));
     assert_eq!(tree.children[1].children[0].memory.id, raw[4]);
+    assert!(!tree.truncated && tree.children.iter().all(|c| !c.truncated));
+    // A depth bound: the root and its sources, theirs left out and said so.
+    let shallow = mem.summary_tree_depth(weekly, 1).await.unwrap();
+    assert_eq!((shallow.len(), shallow.depth()), (3, 1));
+    assert!(shallow
+        .children
+        .iter()
+        .all(|c| c.truncated && c.children.is_empty()));
+    let root_only = mem.summary_tree_depth(weekly, 0).await.unwrap();
+    assert!(root_only.truncated && root_only.children.is_empty());
+
+    // close(): a clone keeps the store open; closing the last handle stops it, and a new
+    // handle finds everything.
+    let other = mem.clone();
+    other.close().await.unwrap();
+    assert_eq!(mem.get(weekly).await.unwrap().id, weekly);
 
     // Update marks summaries above stale; stats report it.
     mem.update(raw[0], "turn zero, edited").await.unwrap();
@@ -1055,4 +1071,19 @@ async fn deletes_purge_the_embedding_cache() {
     mem.add_summary("cites it", &[d], None).await.unwrap();
     assert!(mem.delete_with(d, DeletePolicy::Restrict).await.is_err());
     assert!(cache.contains("cited").unwrap());
+}
+
+#[tokio::test]
+async fn close_writes_the_snapshot_and_stops_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let id = mem.add_knowledge("kept across a close").await.unwrap();
+    mem.close().await.unwrap();
+    assert!(
+        dir.path().join("h.db.hnsw").join("manifest.json").exists(),
+        "close wrote the index snapshot"
+    );
+    let again = open(&dir, hash()).await;
+    assert_eq!(again.get(id).await.unwrap().content, "kept across a close");
+    again.close().await.unwrap();
 }

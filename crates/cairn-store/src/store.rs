@@ -885,6 +885,9 @@ impl Store {
             }
             let mut changed = vec![rid];
             changed.extend(ancestors.iter().copied());
+            // The summaries above no longer cover everything under them.
+            let above: Vec<i64> = ancestors.iter().copied().collect();
+            mark_stale(&tx, &above)?;
             let relevelled = refresh_summaries(&tx, &changed)?;
             log_vids(&tx, shared, relevelled.iter().map(|(vid, _)| *vid))?;
             let unit = rows::get_unit(&tx, summary)?;

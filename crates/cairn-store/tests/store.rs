@@ -575,6 +575,9 @@ fn summaries_links_levels_and_validation() {
         Some(&s1.id)
     );
     assert_eq!(store.get(top.id).unwrap().level, 3);
+    // The summary above no longer covers all that is under it: stale; the extended one not.
+    assert!(store.get(top.id).unwrap().summary.unwrap().stale);
+    assert!(!s2b.summary.as_ref().unwrap().stale);
     let lvl3 = store
         .search_vector(v.clone(), 5, &Filter::all().levels(3, 3), None)
         .unwrap();
