@@ -73,6 +73,22 @@ pub struct ConsolidationPolicy {
     pub page_size: usize,
 }
 
+/// Parses `90`, `90s`, `30m`, `2h`, `7d`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('s') => (&s[..s.len() - 1], 1),
+        Some('m') => (&s[..s.len() - 1], 60),
+        Some('h') => (&s[..s.len() - 1], 3600),
+        Some('d') => (&s[..s.len() - 1], 86_400),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (use 90s, 30m, 2h, 7d)"))?;
+    Ok(Duration::from_secs(n.saturating_mul(mult)))
+}
+
 impl ConsolidationPolicy {
     /// Summarize memories older than `age`, with the defaults for everything else.
     pub fn older_than(age: Duration) -> Self {

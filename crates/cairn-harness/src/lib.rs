@@ -39,7 +39,7 @@ pub mod text;
 mod tokens;
 
 pub use backup::{BackupError, BackupHeader, BackupImport, BackupRecord, BACKUP_VERSION};
-pub use consolidate::{ChunkFailure, ConsolidationPolicy, ConsolidationReport};
+pub use consolidate::{parse_duration, ChunkFailure, ConsolidationPolicy, ConsolidationReport};
 pub use context::{
     AssembledContext, ChatMessage, ContextItem, ContextOptions, ContextScope, RecalledBlockCost,
     Section,

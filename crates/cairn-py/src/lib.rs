@@ -209,18 +209,7 @@ fn new_memory(a: &Args) -> Result<NewMemory, Failure> {
 }
 
 fn duration(s: &str) -> Result<std::time::Duration, Failure> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('s') => (&s[..s.len() - 1], 1),
-        Some('m') => (&s[..s.len() - 1], 60),
-        Some('h') => (&s[..s.len() - 1], 3600),
-        Some('d') => (&s[..s.len() - 1], 86_400),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| Failure::invalid(format!("bad duration {s:?} (use 90s, 30m, 2h, 7d)")))?;
-    Ok(std::time::Duration::from_secs(n.saturating_mul(mult)))
+    cairn_harness::parse_duration(s).map_err(Failure::invalid)
 }
 
 /// Runs one operation.

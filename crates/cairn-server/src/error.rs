@@ -131,6 +131,12 @@ impl From<HarnessError> for ApiError {
     }
 }
 
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        Self::from(HarnessError::from(e))
+    }
+}
+
 /// The JSON body of an error response.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {

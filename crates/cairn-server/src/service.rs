@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use cairn_core::{
     Embedder, MemoryId, MemoryKind, MemoryUnit, NewMemory, Role, ThreadId, SPEAKER_KEY,
@@ -15,6 +14,8 @@ use cairn_harness::{
     NewSummary, SearchMode, SearchOptions,
 };
 use tokio::sync::{mpsc, oneshot};
+
+pub use cairn_harness::parse_duration;
 
 use crate::api::*;
 use crate::error::ApiError;
@@ -80,22 +81,6 @@ struct Job {
     harness: MemoryHarness,
     memories: Vec<NewMemory>,
     reply: oneshot::Sender<Result<Vec<MemoryId>, ApiError>>,
-}
-
-/// Parses `90`, `90s`, `30m`, `2h`, `7d`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('s') => (&s[..s.len() - 1], 1),
-        Some('m') => (&s[..s.len() - 1], 60),
-        Some('h') => (&s[..s.len() - 1], 3600),
-        Some('d') => (&s[..s.len() - 1], 86_400),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {s:?} (use 90s, 30m, 2h, 7d)"))?;
-    Ok(Duration::from_secs(n.saturating_mul(mult)))
 }
 
 fn parse_id(s: &str, field: &str) -> Result<MemoryId, ApiError> {
@@ -425,12 +410,8 @@ impl Service {
         let h = self.store(ns).await?;
         tokio::task::spawn_blocking(move || -> Result<Timeline, ApiError> {
             let s = h.store();
-            let conv = |e| ApiError::from(cairn_harness::HarnessError::from(e));
-            let raw: Vec<MemoryKind> = MemoryKind::ALL
-                .iter()
-                .copied()
-                .filter(|k| *k != MemoryKind::Summary)
-                .collect();
+            let conv = ApiError::from;
+            let raw = raw_kinds();
             let turns = s.count_in_thread(&t, &raw).map_err(conv)?;
             if turns > MAX_TIMELINE_TURNS {
                 return Err(ApiError::invalid(
@@ -596,7 +577,7 @@ impl Service {
                 tokio::task::spawn_blocking(move || h2.store().top_summaries(&t, 64))
                     .await
                     .map_err(|e| ApiError::unavailable(e.to_string()))?
-                    .map_err(|e| ApiError::from(cairn_harness::HarnessError::from(e)))?
+                    .map_err(ApiError::from)?
             }
             (None, None) => {
                 return Err(ApiError::invalid(
@@ -623,12 +604,8 @@ impl Service {
         let h = self.store(ns).await?;
         tokio::task::spawn_blocking(move || -> Result<Threads, ApiError> {
             let s = h.store();
-            let conv = |e| ApiError::from(cairn_harness::HarnessError::from(e));
-            let raw: Vec<MemoryKind> = MemoryKind::ALL
-                .iter()
-                .copied()
-                .filter(|k| *k != MemoryKind::Summary)
-                .collect();
+            let conv = ApiError::from;
+            let raw = raw_kinds();
             let mut threads = Vec::new();
             for t in s.threads().map_err(conv)? {
                 threads.push(ThreadOut {
@@ -677,6 +654,15 @@ pub fn consolidated(r: &cairn_harness::ConsolidationReport) -> Consolidated {
     }
 }
 
+/// Every kind but summaries: what a thread's turns, tool logs and knowledge are.
+fn raw_kinds() -> Vec<MemoryKind> {
+    MemoryKind::ALL
+        .iter()
+        .copied()
+        .filter(|k| *k != MemoryKind::Summary)
+        .collect()
+}
+
 fn build_tree(
     h: &MemoryHarness,
     m: MemoryUnit,
@@ -698,10 +684,7 @@ fn build_tree(
         node.truncated = true;
         return Ok(node);
     }
-    let sources = h
-        .store()
-        .sources(m.id)
-        .map_err(|e| ApiError::from(cairn_harness::HarnessError::from(e)))?;
+    let sources = h.store().sources(m.id).map_err(ApiError::from)?;
     for s in sources {
         node.children.push(build_tree(h, s, depth - 1, left)?);
     }
@@ -770,7 +753,7 @@ async fn ingest_loop(
                     .map_err(|e| ApiError::unavailable(e.to_string()))
                     .and_then(|r| {
                         r.map(|units| units.into_iter().map(|u| u.id).collect())
-                            .map_err(|e| ApiError::from(cairn_harness::HarnessError::from(e)))
+                            .map_err(ApiError::from)
                     });
                 let _ = reply.send(r);
             });
