@@ -66,6 +66,14 @@ pub enum InputError {
     /// A time range whose start is after its end.
     #[error("time range starts after it ends")]
     InvalidTimeRange,
+    /// A metadata filter that cannot be run.
+    #[error("bad metadata filter on {key:?}: {reason}")]
+    BadMetadataFilter {
+        /// The filtered key (truncated).
+        key: String,
+        /// Why.
+        reason: &'static str,
+    },
     /// A numeric parameter out of its range.
     #[error("{name} = {value} is out of range: {expected}")]
     OutOfRange {

@@ -34,6 +34,20 @@ impl MemoryId {
         Self(Uuid::from_bytes(bytes))
     }
 
+    /// The id a caller-given external key stands for: the same key always gives the same
+    /// id (a UUID v8 from the SHA-256 of the key), so adding a keyed memory twice (a retried
+    /// request, say) finds the first one instead of writing a second.
+    pub fn from_key(key: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"cairn external key\0");
+        h.update(key.as_bytes());
+        let digest = h.finalize();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        Self(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+    }
+
     /// The underlying UUID.
     pub fn uuid(&self) -> Uuid {
         self.0

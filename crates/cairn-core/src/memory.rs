@@ -151,6 +151,13 @@ impl NewMemory {
         self.id = Some(id);
         self
     }
+
+    /// Sets the id from a caller-given external key ([`MemoryId::from_key`]): adding the
+    /// same keyed memory again returns the stored one instead of a duplicate, and
+    /// `MemoryHarness::upsert` updates it in place.
+    pub fn with_key(self, key: &str) -> Self {
+        self.with_id(MemoryId::from_key(key))
+    }
 }
 
 /// Checks memory content: not empty or blank, not over [`MAX_CONTENT_BYTES`].

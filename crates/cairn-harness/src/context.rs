@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
-use cairn_store::{Filter, TimelineEntry};
+use cairn_store::{Filter, MetaFilter, TimelineEntry};
 
 use crate::harness::{blocking, fuse_ids, hybrid_ids, Inner};
 use crate::recall::{
@@ -343,6 +343,11 @@ impl Default for ContextOptions {
 pub struct ContextScope {
     /// Other threads to recall from.
     pub threads: Vec<ThreadId>,
+    /// Memories of any thread (or none) whose metadata meets all of these conditions, such
+    /// as everything of one user (`MetaFilter::eq("user_id", "alice")`): their turns,
+    /// tool logs and knowledge. The thread's own turns are recalled as usual, not here.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub metadata: Vec<MetaFilter>,
 }
 
 impl ContextScope {
@@ -356,12 +361,23 @@ impl ContextScope {
             .into_iter()
             .map(|t| ThreadId::new(t.as_ref()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(Self { threads })
+        Ok(Self {
+            threads,
+            metadata: Vec::new(),
+        })
+    }
+
+    /// A scope of the memories whose metadata meets `condition` (a user id, say).
+    pub fn metadata(condition: MetaFilter) -> Self {
+        Self {
+            threads: Vec::new(),
+            metadata: vec![condition],
+        }
     }
 
     /// True when it names nothing.
     pub fn is_empty(&self) -> bool {
-        self.threads.is_empty()
+        self.threads.is_empty() && self.metadata.is_empty()
     }
 }
 
@@ -399,6 +415,17 @@ fn related_ranking(
                 ])
                 .levels(0, 0),
         );
+    }
+    if !scope.metadata.is_empty() {
+        let mut f = Filter::all()
+            .kinds([
+                MemoryKind::Conversational,
+                MemoryKind::ToolLog,
+                MemoryKind::Knowledge,
+            ])
+            .levels(0, 0);
+        f.metadata.clone_from(&scope.metadata);
+        sources.push(f);
     }
     let mut lists = Vec::new();
     for f in &sources {
@@ -647,6 +674,13 @@ fn assemble_with(
             let cap = (used + share(budget, options.related_share)).min(budget);
             let found = related_ranking(inner, thread, keyword_text, &qv, options, scope)?;
             for hit in inner.store.hits(found)? {
+                // A metadata scope also matches the thread's own turns: they are recalled
+                // (or not) by the thread's ranking.
+                if hit.memory.thread_id.as_ref() == Some(thread)
+                    && hit.memory.kind != MemoryKind::Knowledge
+                {
+                    continue;
+                }
                 let mut it = owned_item(hit.memory, Section::Related);
                 let mut cost = counter.count(&related_line(&it));
                 if related.is_empty() {

@@ -102,6 +102,12 @@ impl SearchOptions {
         self
     }
 
+    /// Only memories whose metadata meets `condition` (added to the others).
+    pub fn meta(mut self, condition: cairn_store::MetaFilter) -> Self {
+        self.filter.metadata.push(condition);
+        self
+    }
+
     /// How many results.
     pub fn k(mut self, k: usize) -> Self {
         self.k = Some(k);

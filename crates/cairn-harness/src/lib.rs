@@ -31,6 +31,7 @@ mod context;
 mod conversation;
 mod error;
 mod extractive;
+mod forget;
 mod harness;
 pub mod import;
 mod openai;
@@ -51,6 +52,7 @@ pub use conversation::{
 };
 pub use error::{HarnessError, Result};
 pub use extractive::{sentences, summary_keywords, ExtractiveSummarizer};
+pub use forget::{Forget, ForgetReport, UpsertOutcome, Upserted};
 pub use harness::{
     fuse, fuse_ids, fuse_weighted, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness,
     SearchHit, SearchMode, SearchOptions, SummaryTree, MAX_TREE_DEPTH, RRF_K,
@@ -62,4 +64,7 @@ pub use openai::{
 pub use recall::RecallWeights;
 pub use tokens::{HfTokenCounter, RunningTotal, TiktokenCounter};
 
-pub use cairn_store::{DeletePolicy, DeleteReport, Filter, HnswParams, NewSummary, StoreStats};
+pub use cairn_store::{
+    Cursor, DeletePolicy, DeleteReport, Filter, HnswParams, MetaFilter, NewSummary, Page,
+    StoreStats,
+};

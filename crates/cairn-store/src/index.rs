@@ -32,6 +32,9 @@ pub(crate) struct Attr {
     pub thread: u32,
 }
 
+/// Which live entries a filtered search admits, by vid and attributes.
+pub(crate) type Admit<'a> = dyn Fn(usize, &Attr) -> bool + Sync + 'a;
+
 /// Attribute rows of live entries plus per-thread and per-kind counts.
 #[derive(Default)]
 pub(crate) struct Attrs {
@@ -314,7 +317,7 @@ impl VectorIndex {
         query: &[f32],
         k: usize,
         ef: usize,
-        admit: Option<&(dyn Fn(&Attr) -> bool + Sync)>,
+        admit: Option<&Admit<'_>>,
     ) -> Vec<(usize, f32)> {
         let g = read_lock(&self.graph);
         let attrs = read_lock(&self.attrs);
@@ -324,10 +327,11 @@ impl VectorIndex {
         let all_live = g.graph.len() == attrs.map.len();
         let live = |l: u64| attrs.map.contains_key(&vid(l));
         let filtered = |l: u64| {
+            let v = vid(l);
             attrs
                 .map
-                .get(&vid(l))
-                .is_some_and(|a| admit.is_some_and(|f| f(a)))
+                .get(&v)
+                .is_some_and(|a| admit.is_some_and(|f| f(v, a)))
         };
         let found = match admit {
             None if all_live => g.graph.search(query, k, ef, None),

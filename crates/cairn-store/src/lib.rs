@@ -44,8 +44,9 @@ mod store;
 pub use error::{Result, StoreError};
 pub use index::{snapshot_dir, IndexHealth, Manifest, SNAPSHOT_FORMAT};
 pub use options::{DeletePolicy, HnswParams, StoreOptions};
-pub use rows::Filter;
+pub use rows::{Filter, MetaFilter, MAX_META_KEY_BYTES, MAX_META_SET};
 pub use schema::SCHEMA_VERSION;
 pub use store::{
-    DeleteReport, Hit, IndexCheck, NewSummary, Store, StoreStats, ThreadState, TimelineEntry,
+    Cursor, DeleteReport, Hit, IndexCheck, NewSummary, Page, Store, StoreStats, ThreadState,
+    TimelineEntry,
 };

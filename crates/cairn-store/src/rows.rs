@@ -179,6 +179,242 @@ pub(crate) fn decode_vector(bytes: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// A condition on one top-level metadata field; every condition given must hold (a field
+/// that is absent fails all but `exists: false`). Values compare as SQLite compares JSON
+/// values: numbers as numbers, text as text (so write times as RFC 3339 text in one form,
+/// such as `2026-03-01T00:00:00Z`, for ranges on them to follow time).
+///
+/// ```
+/// use cairn_store::MetaFilter;
+/// let f = MetaFilter::eq("user_id", "alice");
+/// let g = MetaFilter::new("priority").gte(2).lt(5);
+/// let h = MetaFilter::new("tag").one_of(["work", "home"]);
+/// assert!(f.validate().is_ok() && g.validate().is_ok() && h.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaFilter {
+    /// The metadata field (a top-level key of the object).
+    pub key: String,
+    /// Equal to this value (text, number or boolean).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eq: Option<serde_json::Value>,
+    /// Not equal to this value (an absent field does not match).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ne: Option<serde_json::Value>,
+    /// Equal to one of these values.
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    pub one_of: Option<Vec<serde_json::Value>>,
+    /// Greater than.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gt: Option<serde_json::Value>,
+    /// Greater than or equal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gte: Option<serde_json::Value>,
+    /// Less than.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lt: Option<serde_json::Value>,
+    /// Less than or equal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lte: Option<serde_json::Value>,
+    /// Present (`true`) or absent (`false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exists: Option<bool>,
+}
+
+/// The longest metadata key a filter accepts, in bytes.
+pub const MAX_META_KEY_BYTES: usize = 256;
+/// The most values in one `in` condition.
+pub const MAX_META_SET: usize = 1_000;
+
+impl MetaFilter {
+    /// A condition on `key` with nothing set yet.
+    pub fn new(key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            ..Self::default()
+        }
+    }
+
+    /// `key` equal to `value`.
+    pub fn eq(key: impl Into<String>, value: impl Into<serde_json::Value>) -> Self {
+        Self {
+            eq: Some(value.into()),
+            ..Self::new(key)
+        }
+    }
+
+    /// Not equal to `value`.
+    pub fn ne(mut self, value: impl Into<serde_json::Value>) -> Self {
+        self.ne = Some(value.into());
+        self
+    }
+
+    /// Equal to one of `values`.
+    pub fn one_of<V: Into<serde_json::Value>>(
+        mut self,
+        values: impl IntoIterator<Item = V>,
+    ) -> Self {
+        self.one_of = Some(values.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Greater than `value`.
+    pub fn gt(mut self, value: impl Into<serde_json::Value>) -> Self {
+        self.gt = Some(value.into());
+        self
+    }
+
+    /// Greater than or equal to `value`.
+    pub fn gte(mut self, value: impl Into<serde_json::Value>) -> Self {
+        self.gte = Some(value.into());
+        self
+    }
+
+    /// Less than `value`.
+    pub fn lt(mut self, value: impl Into<serde_json::Value>) -> Self {
+        self.lt = Some(value.into());
+        self
+    }
+
+    /// Less than or equal to `value`.
+    pub fn lte(mut self, value: impl Into<serde_json::Value>) -> Self {
+        self.lte = Some(value.into());
+        self
+    }
+
+    /// Present (`true`) or absent (`false`).
+    pub fn exists(mut self, present: bool) -> Self {
+        self.exists = Some(present);
+        self
+    }
+
+    /// Checks the key and values: a key of 1 to [`MAX_META_KEY_BYTES`] bytes without `"`,
+    /// at least one condition, scalar values (ranges: numbers or text), at most
+    /// [`MAX_META_SET`] values in `in`.
+    pub fn validate(&self) -> Result<(), InputError> {
+        let bad = |reason| {
+            Err(InputError::BadMetadataFilter {
+                key: self.key.chars().take(64).collect(),
+                reason,
+            })
+        };
+        if self.key.is_empty() || self.key.len() > MAX_META_KEY_BYTES {
+            return bad("the key must be 1 to 256 bytes");
+        }
+        if self.key.contains('"') || self.key.chars().any(char::is_control) {
+            return bad("the key must not hold quotes or control characters");
+        }
+        let scalar = |v: &serde_json::Value| {
+            matches!(
+                v,
+                serde_json::Value::String(_)
+                    | serde_json::Value::Number(_)
+                    | serde_json::Value::Bool(_)
+            )
+        };
+        let orderable = |v: &serde_json::Value| {
+            matches!(
+                v,
+                serde_json::Value::String(_) | serde_json::Value::Number(_)
+            )
+        };
+        if self.eq.as_ref().is_some_and(|v| !scalar(v))
+            || self.ne.as_ref().is_some_and(|v| !scalar(v))
+        {
+            return bad("eq and ne take text, a number or a boolean (use exists for null)");
+        }
+        if let Some(set) = &self.one_of {
+            if set.is_empty() || set.len() > MAX_META_SET {
+                return bad("in takes 1 to 1,000 values");
+            }
+            if !set.iter().all(scalar) {
+                return bad("in takes text, numbers or booleans");
+            }
+        }
+        if [&self.gt, &self.gte, &self.lt, &self.lte]
+            .into_iter()
+            .flatten()
+            .any(|v| !orderable(v))
+        {
+            return bad("ranges take numbers or text");
+        }
+        if self.eq.is_none()
+            && self.ne.is_none()
+            && self.one_of.is_none()
+            && self.gt.is_none()
+            && self.gte.is_none()
+            && self.lt.is_none()
+            && self.lte.is_none()
+            && self.exists.is_none()
+        {
+            return bad("no condition given (eq, ne, in, gt, gte, lt, lte or exists)");
+        }
+        Ok(())
+    }
+
+    /// SQL conditions over alias `m` (each starting with " AND "), with their parameters.
+    fn sql(&self, sql: &mut String, args: &mut Vec<Value>) {
+        let path = format!("$.\"{}\"", self.key);
+        let cmp = |op: &str, v: &serde_json::Value, sql: &mut String, args: &mut Vec<Value>| {
+            sql.push_str(" AND json_extract(m.metadata, ?) ");
+            sql.push_str(op);
+            sql.push_str(" ?");
+            args.push(Value::Text(path.clone()));
+            args.push(json_sql(v));
+        };
+        if let Some(v) = &self.eq {
+            cmp("=", v, sql, args);
+        }
+        if let Some(v) = &self.ne {
+            cmp("<>", v, sql, args);
+        }
+        if let Some(v) = &self.gt {
+            cmp(">", v, sql, args);
+        }
+        if let Some(v) = &self.gte {
+            cmp(">=", v, sql, args);
+        }
+        if let Some(v) = &self.lt {
+            cmp("<", v, sql, args);
+        }
+        if let Some(v) = &self.lte {
+            cmp("<=", v, sql, args);
+        }
+        if let Some(set) = &self.one_of {
+            sql.push_str(" AND json_extract(m.metadata, ?) IN (");
+            args.push(Value::Text(path.clone()));
+            for (i, v) in set.iter().enumerate() {
+                sql.push_str(if i == 0 { "?" } else { ", ?" });
+                args.push(json_sql(v));
+            }
+            sql.push(')');
+        }
+        if let Some(present) = self.exists {
+            // json_type is NULL only for an absent key (a JSON null has type 'null').
+            sql.push_str(if present {
+                " AND json_type(m.metadata, ?) IS NOT NULL"
+            } else {
+                " AND json_type(m.metadata, ?) IS NULL"
+            });
+            args.push(Value::Text(path));
+        }
+    }
+}
+
+/// A JSON scalar as the SQL value `json_extract` returns for it.
+fn json_sql(v: &serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::String(s) => Value::Text(s.clone()),
+        serde_json::Value::Bool(b) => Value::Integer(i64::from(*b)),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        _ => Value::Null,
+    }
+}
+
 /// Which memories a read or search considers.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Filter {
@@ -198,6 +434,9 @@ pub struct Filter {
     pub after: Option<DateTime<Utc>>,
     /// Only memories created before.
     pub before: Option<DateTime<Utc>>,
+    /// Only memories whose metadata meets every one of these conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metadata: Vec<MetaFilter>,
 }
 
 impl Filter {
@@ -238,6 +477,12 @@ impl Filter {
         self
     }
 
+    /// Adds a metadata condition.
+    pub fn meta(mut self, condition: MetaFilter) -> Self {
+        self.metadata.push(condition);
+        self
+    }
+
     /// True when nothing is restricted.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
@@ -265,6 +510,16 @@ impl Filter {
                     expected: "at most max_level",
                 });
             }
+        }
+        if self.metadata.len() > 64 {
+            return Err(InputError::OutOfRange {
+                name: "metadata",
+                value: self.metadata.len().to_string(),
+                expected: "at most 64 conditions",
+            });
+        }
+        for m in &self.metadata {
+            m.validate()?;
         }
         Ok(())
     }
@@ -303,6 +558,9 @@ impl Filter {
         if let Some(t) = self.before {
             sql.push_str(" AND m.created_at < ?");
             args.push(Value::Integer(to_micros(t)));
+        }
+        for m in &self.metadata {
+            m.sql(&mut sql, &mut args);
         }
         (sql, args)
     }

@@ -126,6 +126,60 @@ pub struct DeleteReport {
     pub detached: Vec<MemoryId>,
 }
 
+/// Where a listing stopped ([`Store::page`]): the time and insertion sequence of the last
+/// memory returned. Written as text (`Display` / `FromStr`) for callers that pass it on;
+/// treat the text as opaque.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cursor {
+    created_at: i64,
+    rid: i64,
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "c{}.{}", self.created_at, self.rid)
+    }
+}
+
+impl std::str::FromStr for Cursor {
+    type Err = InputError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let bad = || InputError::UnknownName {
+            what: "cursor",
+            value: s.chars().take(64).collect(),
+        };
+        let body = s.trim().strip_prefix('c').ok_or_else(bad)?;
+        let (t, r) = body.split_once('.').ok_or_else(bad)?;
+        Ok(Self {
+            created_at: t.parse().map_err(|_| bad())?,
+            rid: r.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+impl Serialize for Cursor {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cursor {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Page {
+    /// The memories, oldest first.
+    pub items: Vec<MemoryUnit>,
+    /// Where the next page starts; `None` after the last.
+    pub next: Option<Cursor>,
+}
+
 /// A search hit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hit {
@@ -583,6 +637,7 @@ impl Store {
             if !seen.insert(id) {
                 return Err(StoreError::DuplicateId { id });
             }
+            let timed = m.created_at.is_some();
             let created = m.created_at.unwrap_or(now);
             let unit = MemoryUnit {
                 id,
@@ -595,17 +650,86 @@ impl Store {
                 level: 0,
                 summary: None,
             };
-            prepared.push((unit, self.prepare_vector(v)?));
+            prepared.push((unit, self.prepare_vector(v)?, timed));
         }
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
+            let mut out = Vec::with_capacity(prepared.len());
+            let mut fresh = Vec::with_capacity(prepared.len());
             let mut vids = Vec::with_capacity(prepared.len());
-            for (unit, v) in &prepared {
-                vids.push(insert_row(&tx, shared, unit, v)?.0);
+            for (unit, v, timed) in prepared {
+                if let Some(stored) = already_stored(&tx, &unit, timed)? {
+                    out.push(stored);
+                    continue;
+                }
+                vids.push(insert_row(&tx, shared, &unit, &v)?.0);
+                out.push(unit.clone());
+                fresh.push((unit, v));
             }
             tx.commit()?;
-            index_committed(conn, shared, &prepared, &vids);
-            Ok(prepared.into_iter().map(|(u, _)| u).collect())
+            index_committed(conn, shared, &fresh, &vids);
+            Ok(out)
+        })
+    }
+
+    /// Merges `patch` into a memory's metadata (RFC 7386 JSON merge patch: a `null` removes a
+    /// field, an object merges into an object, anything else replaces) without touching its
+    /// content or embedding; returns the memory as stored. Summaries built on it stay as
+    /// they are (their text does not depend on metadata).
+    pub fn patch_metadata(&self, id: MemoryId, patch: Metadata) -> Result<MemoryUnit> {
+        check_metadata(&patch)?;
+        self.write(move |conn, _shared| {
+            let tx = begin(conn)?;
+            let mut unit = rows::get_unit(&tx, id)?;
+            merge_patch(&mut unit.metadata, patch);
+            check_metadata(&unit.metadata)?;
+            let json = serde_json::to_string(&unit.metadata)
+                .map_err(|e| StoreError::Config(format!("metadata cannot be serialized: {e}")))?;
+            tx.execute(
+                "UPDATE memories SET metadata = ?2 WHERE id = ?1",
+                params![id.as_bytes(), json],
+            )?;
+            tx.commit()?;
+            Ok(unit)
+        })
+    }
+
+    /// Up to `limit` memories admitted by `filter` after `cursor` (from the start when
+    /// `None`), oldest first (ties in insertion order), and the cursor of the next page
+    /// (`None` after the last). Keyset paging: a page never repeats or skips a memory that
+    /// was there when the listing started, whatever is written or deleted meanwhile.
+    pub fn page(&self, filter: &Filter, cursor: Option<Cursor>, limit: usize) -> Result<Page> {
+        filter.validate()?;
+        let (cond, mut args) = filter.sql();
+        let mut keyset = String::new();
+        if let Some(c) = cursor {
+            keyset.push_str(" AND (m.created_at > ? OR (m.created_at = ? AND m.rid > ?))");
+            args.push(Value::Integer(c.created_at));
+            args.push(Value::Integer(c.created_at));
+            args.push(Value::Integer(c.rid));
+        }
+        let take = limit.min(100_000);
+        args.push(Value::Integer(i64::try_from(take).unwrap_or(i64::MAX) + 1));
+        self.read(|c| {
+            let mut rows = rows::query_units_with(
+                c,
+                ", m.rid",
+                &format!("WHERE 1 = 1{cond}{keyset} ORDER BY m.created_at, m.rid LIMIT ?"),
+                &args,
+            )?;
+            let more = rows.len() > take;
+            rows.truncate(take);
+            let next = match rows.last() {
+                Some((u, rid)) if more => Some(Cursor {
+                    created_at: to_micros(u.created_at),
+                    rid: *rid,
+                }),
+                _ => None,
+            };
+            Ok(Page {
+                items: rows.into_iter().map(|(u, _)| u).collect(),
+                next,
+            })
         })
     }
 
@@ -996,25 +1120,57 @@ impl Store {
     /// detached from it by the same rule; those that keep a source are marked stale and get
     /// their level, time range and source count recomputed.
     pub fn delete(&self, id: MemoryId, policy: DeletePolicy) -> Result<DeleteReport> {
+        self.delete_many(&[id], policy)
+    }
+
+    /// Deletes several memories under `policy` in one transaction: all of them or none (an
+    /// unknown id is `NotFound`, a `Restrict` refusal is `CitedBySummaries`, and nothing is
+    /// deleted). A summary in the list that cites another memory of the list does not
+    /// block it under `Restrict`. See [`Self::delete`].
+    pub fn delete_many(&self, ids: &[MemoryId], policy: DeletePolicy) -> Result<DeleteReport> {
+        let ids = ids.to_vec();
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
-            let rid = rows::rid_of(&tx, id)?;
-            let citing = citing_ids(&tx, rid)?;
             let mut report = DeleteReport::default();
-            let mut doomed = vec![rid];
+            let mut doomed: Vec<i64> = Vec::with_capacity(ids.len());
+            let mut doomed_set: HashSet<i64> = HashSet::with_capacity(ids.len());
+            for id in &ids {
+                let rid = rows::rid_of(&tx, *id)?;
+                if doomed_set.insert(rid) {
+                    doomed.push(rid);
+                }
+            }
+            let targets = doomed.clone();
             let mut relevelled = Vec::new();
             match policy {
-                DeletePolicy::Restrict if !citing.is_empty() => {
-                    return Err(StoreError::CitedBySummaries {
-                        id,
-                        summaries: citing.into_iter().map(|(_, id)| id).collect(),
-                    });
+                DeletePolicy::Restrict => {
+                    for (rid, id) in targets.iter().zip(&ids) {
+                        let citing: Vec<MemoryId> = citing_ids(&tx, *rid)?
+                            .into_iter()
+                            .filter(|(r, _)| !doomed_set.contains(r))
+                            .map(|(_, id)| id)
+                            .collect();
+                        if !citing.is_empty() {
+                            return Err(StoreError::CitedBySummaries {
+                                id: *id,
+                                summaries: citing,
+                            });
+                        }
+                    }
                 }
-                DeletePolicy::Restrict => {}
-                DeletePolicy::Cascade => doomed.extend(ancestor_rids(&tx, rid)?),
+                DeletePolicy::Cascade => {
+                    for rid in &targets {
+                        for a in ancestor_rids(&tx, *rid)? {
+                            if doomed_set.insert(a) {
+                                doomed.push(a);
+                            }
+                        }
+                    }
+                }
                 DeletePolicy::Detach => {
                     let mut kept: Vec<(i64, MemoryId)> = Vec::new();
-                    let mut frontier = vec![rid];
+                    let mut kept_set: HashSet<i64> = HashSet::new();
+                    let mut frontier = targets.clone();
                     while let Some(gone) = frontier.pop() {
                         let citing = citing_ids(&tx, gone)?;
                         tx.execute("DELETE FROM summary_sources WHERE source = ?1", params![gone])?;
@@ -1025,16 +1181,16 @@ impl Store {
                                 |x| x.get(0),
                             )?;
                             if left == 0 {
-                                if !doomed.contains(&r) {
+                                if doomed_set.insert(r) {
                                     doomed.push(r);
                                     frontier.push(r);
                                 }
-                            } else if !kept.iter().any(|(k, _)| *k == r) {
+                            } else if kept_set.insert(r) {
                                 kept.push((r, sid));
                             }
                         }
                     }
-                    kept.retain(|(r, _)| !doomed.contains(r));
+                    kept.retain(|(r, _)| !doomed_set.contains(r));
                     let rids: Vec<i64> = kept.iter().map(|(r, _)| *r).collect();
                     mark_stale(&tx, &rids)?;
                     let mut up = rids.clone();
@@ -1043,7 +1199,7 @@ impl Store {
                     }
                     up.sort_unstable();
                     up.dedup();
-                    up.retain(|r| !doomed.contains(r));
+                    up.retain(|r| !doomed_set.contains(r));
                     relevelled = refresh_summaries(&tx, &up)?;
                     report.detached = kept.into_iter().map(|(_, id)| id).collect();
                 }
@@ -1243,6 +1399,15 @@ impl Store {
         })
     }
 
+    /// Removes every per-thread state value of `thread` (see [`Self::thread_state`]).
+    pub fn clear_thread_state(&self, thread: &ThreadId) -> Result<()> {
+        let t = thread.as_str().to_owned();
+        self.write(move |conn, _| {
+            conn.execute("DELETE FROM thread_state WHERE thread_id = ?1", params![t])?;
+            Ok(())
+        })
+    }
+
     /// Memories admitted by `filter` that no summary at `parent_level` cites yet, oldest
     /// first (what consolidation still has to cover at that level).
     pub fn scan_uncovered(&self, filter: &Filter, parent_level: u32) -> Result<Vec<MemoryUnit>> {
@@ -1426,6 +1591,26 @@ impl Store {
         self.sync()?;
         let shared = &self.inner.shared;
         let ef = ef.unwrap_or(shared.options.hnsw.ef_search);
+        // Metadata conditions are not in the index's attributes: the rows they admit are
+        // read from SQLite first, and the graph walk admits only those (or they are scored
+        // exactly when few).
+        let meta_vids: Option<HashSet<usize>> = if filter.metadata.is_empty() {
+            None
+        } else {
+            let (cond, args) = filter.sql();
+            Some(self.read(|c| {
+                let mut stmt =
+                    c.prepare(&format!("SELECT m.vid FROM memories m WHERE 1 = 1{cond}"))?;
+                let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                    r.get::<_, i64>(0)
+                })?;
+                let mut out = HashSet::new();
+                for vid in rows {
+                    out.insert(vid_usize(vid?));
+                }
+                Ok(out)
+            })?)
+        };
         let (admitted, thread_key, live) = {
             let attrs = shared.index.attrs();
             let thread_key = match &filter.thread {
@@ -1443,6 +1628,9 @@ impl Store {
             }
             if !filter.kinds.is_empty() {
                 n = n.min(attrs.kinds_count(&filter.kinds));
+            }
+            if let Some(m) = &meta_vids {
+                n = n.min(m.len());
             }
             (n, thread_key, attrs.map.len())
         };
@@ -1463,8 +1651,9 @@ impl Store {
             let kinds = filter.kinds.clone();
             let (min_l, max_l) = (filter.min_level, filter.max_level);
             let (after, before) = (filter.after.map(to_micros), filter.before.map(to_micros));
-            let admit = move |a: &Attr| {
-                thread_key.is_none_or(|t| a.thread == t)
+            let admit = move |vid: usize, a: &Attr| {
+                meta_vids.as_ref().is_none_or(|m| m.contains(&vid))
+                    && thread_key.is_none_or(|t| a.thread == t)
                     && (kinds.is_empty() || kinds.contains(&a.kind))
                     && min_l.is_none_or(|l| a.level >= l)
                     && max_l.is_none_or(|l| a.level <= l)
@@ -1839,6 +2028,52 @@ fn insert_row(
         .execute(params![rid, u.content])?;
     log_vids(tx, shared, [vid])?;
     Ok((vid, rid))
+}
+
+/// The stored memory with `u`'s id when it is the same memory (kind, thread, role, content,
+/// metadata, and time when one was given): adding it again is a retry, not a new memory.
+/// `None` when the id is free; `DuplicateId` when another memory holds it.
+fn already_stored(tx: &Transaction<'_>, u: &MemoryUnit, timed: bool) -> Result<Option<MemoryUnit>> {
+    let exists: bool = tx
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM memories WHERE id = ?1)")?
+        .query_row(params![u.id.as_bytes()], |r| r.get(0))?;
+    if !exists {
+        return Ok(None);
+    }
+    let stored = rows::get_unit(tx, u.id)?;
+    let same = stored.kind == u.kind
+        && stored.thread_id == u.thread_id
+        && stored.role == u.role
+        && stored.content == u.content
+        && stored.metadata == u.metadata
+        && (!timed || stored.created_at == u.created_at);
+    if same {
+        Ok(Some(stored))
+    } else {
+        Err(StoreError::DuplicateId { id: u.id })
+    }
+}
+
+/// RFC 7386 JSON merge patch of an object.
+fn merge_patch(target: &mut Metadata, patch: Metadata) {
+    for (k, v) in patch {
+        match v {
+            serde_json::Value::Null => {
+                target.remove(&k);
+            }
+            serde_json::Value::Object(p) => {
+                let mut inner = match target.remove(&k) {
+                    Some(serde_json::Value::Object(o)) => o,
+                    _ => Metadata::new(),
+                };
+                merge_patch(&mut inner, p);
+                target.insert(k, serde_json::Value::Object(inner));
+            }
+            other => {
+                target.insert(k, other);
+            }
+        }
+    }
 }
 
 /// A random id for this handle's entries in the index log.

@@ -1,0 +1,269 @@
+//! The everyday API of a memory store: upsert by external key, metadata patches, cursor
+//! paging, and forgetting that reaches the summaries built on what is forgotten.
+
+use std::collections::HashSet;
+
+use serde::{Deserialize, Serialize};
+
+use cairn_core::{MemoryId, MemoryUnit, Metadata, NewMemory, ThreadId};
+use cairn_store::{Cursor, DeletePolicy, Filter, Page, StoreError};
+
+use crate::harness::blocking;
+use crate::{MemoryHarness, Result};
+
+/// What [`MemoryHarness::upsert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpsertOutcome {
+    /// No memory had the key: it was added.
+    Inserted,
+    /// The stored memory was the same: nothing was written.
+    Unchanged,
+    /// Only the metadata differed: it was replaced, without re-embedding.
+    MetadataUpdated,
+    /// The content differed: it was replaced and re-embedded, and the summaries built on it
+    /// were marked stale (consolidation re-summarizes them).
+    ContentUpdated,
+}
+
+/// The memory an upsert left, and what it did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Upserted {
+    /// The memory as stored now.
+    pub memory: MemoryUnit,
+    /// What was done.
+    pub outcome: UpsertOutcome,
+}
+
+/// What to forget ([`MemoryHarness::forget`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Forget {
+    /// These memories.
+    Ids(Vec<MemoryId>),
+    /// Every memory of a thread (its turns, knowledge, summaries) and its per-thread state.
+    Thread(ThreadId),
+    /// Every memory a filter admits (a user's memories: a metadata condition on `user_id`).
+    Filter(Filter),
+    /// Everything in the store.
+    Everything,
+}
+
+/// What [`MemoryHarness::forget`] did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ForgetReport {
+    /// Every memory removed: those asked for, and summaries left with no source.
+    pub deleted: Vec<MemoryId>,
+    /// Summaries that had some of their sources forgotten and were written again from the
+    /// sources they keep (and the summaries above them, level by level).
+    pub resummarized: Vec<MemoryId>,
+    /// Summaries that could not be written again (the summarizer failed) and were deleted
+    /// instead, so that no text of what was forgotten survives in them; their sources stay
+    /// and are summarized again by the next consolidation.
+    pub dropped: Vec<MemoryId>,
+}
+
+/// Memories read per page while collecting what a thread or a filter holds.
+const COLLECT_PAGE: usize = 5_000;
+
+impl MemoryHarness {
+    /// Adds `memory`, or updates the memory that has its id (set one with
+    /// [`NewMemory::with_key`]): an upsert by external key. The same content is left alone;
+    /// other metadata alone is replaced without re-embedding; other content is re-embedded
+    /// and the summaries above it become stale. The kind, thread and role of a stored memory
+    /// are not changed by an upsert (`DuplicateId` when they differ: that is another memory
+    /// under the same key). A memory without an id is simply added.
+    pub async fn upsert(&self, memory: NewMemory) -> Result<Upserted> {
+        memory.validate()?;
+        let Some(id) = memory.id else {
+            let id = self.add(memory).await?;
+            return Ok(Upserted {
+                memory: self.get(id).await?,
+                outcome: UpsertOutcome::Inserted,
+            });
+        };
+        let inner = self.inner.clone();
+        let stored = blocking(move || match inner.store.get(id) {
+            Ok(m) => Ok(Some(m)),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        })
+        .await??;
+        let Some(stored) = stored else {
+            // Two upserts of a new key at once: the loser finds the winner's row through
+            // `add`'s retry rule (the same memory) or gets `DuplicateId`.
+            let id = self.add(memory).await?;
+            return Ok(Upserted {
+                memory: self.get(id).await?,
+                outcome: UpsertOutcome::Inserted,
+            });
+        };
+        if stored.kind != memory.kind
+            || stored.thread_id != memory.thread_id
+            || stored.role != memory.role
+        {
+            return Err(StoreError::DuplicateId { id }.into());
+        }
+        if stored.content != memory.content {
+            let unit = self
+                .update_with(id, memory.content, Some(memory.metadata))
+                .await?;
+            return Ok(Upserted {
+                memory: unit,
+                outcome: UpsertOutcome::ContentUpdated,
+            });
+        }
+        if stored.metadata != memory.metadata {
+            // Replace, not merge: the fields the stored metadata has and the new one lacks
+            // are removed.
+            let mut patch: Metadata = stored
+                .metadata
+                .keys()
+                .filter(|k| !memory.metadata.contains_key(*k))
+                .map(|k| (k.clone(), serde_json::Value::Null))
+                .collect();
+            patch.extend(memory.metadata);
+            return Ok(Upserted {
+                memory: self.patch_metadata(id, patch).await?,
+                outcome: UpsertOutcome::MetadataUpdated,
+            });
+        }
+        Ok(Upserted {
+            memory: stored,
+            outcome: UpsertOutcome::Unchanged,
+        })
+    }
+
+    /// Merges `patch` into a memory's metadata (JSON merge patch: `null` removes a field)
+    /// without re-embedding it; returns the memory as stored.
+    pub async fn patch_metadata(&self, id: MemoryId, patch: Metadata) -> Result<MemoryUnit> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.patch_metadata(id, patch)).await??)
+    }
+
+    /// One page of the memories `filter` admits, oldest first, after `cursor` (from the
+    /// start when `None`); pass the page's `next` back for the following one. Stable under
+    /// concurrent writes: nothing that was there when the listing started is repeated or
+    /// skipped.
+    pub async fn list_page(
+        &self,
+        filter: Filter,
+        cursor: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.page(&filter, cursor, limit)).await??)
+    }
+
+    /// Forgets memories so that nothing of them is recalled afterwards: they are deleted
+    /// (one transaction), every summary built on them is written again from the sources it
+    /// keeps, level by level up the tree (or deleted when none remain, or when the
+    /// summarizer fails), and the embedding cache drops the texts of everything deleted or
+    /// rewritten. No search, context, expansion or summary text returns a forgotten memory
+    /// afterwards.
+    ///
+    /// An unknown id in [`Forget::Ids`] is `NotFound` and forgets nothing.
+    pub async fn forget(&self, what: Forget) -> Result<ForgetReport> {
+        let (ids, thread) = match what {
+            Forget::Ids(ids) => (ids, None),
+            Forget::Thread(t) => (
+                self.collect_ids(Filter::all().thread(t.clone())).await?,
+                Some(t),
+            ),
+            Forget::Filter(f) => (self.collect_ids(f).await?, None),
+            Forget::Everything => (self.collect_ids(Filter::all()).await?, None),
+        };
+        let mut report = ForgetReport::default();
+        if !ids.is_empty() {
+            let inner = self.inner.clone();
+            let (deleted, detached, texts) = blocking(move || -> Result<_> {
+                // The texts go from the cache too; they are read before the rows go.
+                let mut texts = Vec::new();
+                if inner.cache.is_some() {
+                    for chunk in ids.chunks(500) {
+                        texts.extend(inner.store.get_found(chunk)?.into_iter().map(|m| m.content));
+                    }
+                }
+                let r = inner.store.delete_many(&ids, DeletePolicy::Detach)?;
+                Ok((r.deleted, r.detached, texts))
+            })
+            .await??;
+            report.deleted = deleted;
+            let mut purge = texts;
+            // Everything above a detached summary is rewritten too, lowest level first (each
+            // rewrite marks the ones above stale; they read their sources' new text).
+            let inner = self.inner.clone();
+            let affected = blocking(move || -> Result<Vec<(u32, u64, MemoryId)>> {
+                let mut all: HashSet<MemoryId> = detached.iter().copied().collect();
+                for id in &detached {
+                    match inner.store.ancestors(*id) {
+                        Ok(a) => all.extend(a.into_iter().map(|m| m.id)),
+                        Err(StoreError::NotFound { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                let ids: Vec<MemoryId> = all.into_iter().collect();
+                let mut order: Vec<(u32, u64, MemoryId)> = inner
+                    .store
+                    .sequenced(&ids)?
+                    .into_iter()
+                    .map(|(m, seq)| (m.level, seq, m.id))
+                    .collect();
+                order.sort_unstable();
+                Ok(order)
+            })
+            .await??;
+            for (_, _, id) in affected {
+                let old = match self.get(id).await {
+                    Ok(m) => m,
+                    // Deleted meanwhile (a summary above a dropped one that lost its last
+                    // source).
+                    Err(crate::HarnessError::NotFound { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                match self.refresh_summary(id).await {
+                    Ok(_) => report.resummarized.push(id),
+                    Err(e) => {
+                        tracing::warn!(%id, error = %e, "a summary of forgotten memories could not be rewritten; it is deleted");
+                        let r = self.delete_with(id, DeletePolicy::Detach).await?;
+                        report.dropped.push(id);
+                        report
+                            .deleted
+                            .extend(r.deleted.into_iter().filter(|d| *d != id));
+                    }
+                }
+                purge.push(old.content);
+            }
+            if let Some(cache) = &self.inner.cache {
+                let cache = cache.clone();
+                blocking(move || {
+                    let refs: Vec<&str> = purge.iter().map(String::as_str).collect();
+                    if let Err(e) = cache.purge(&refs) {
+                        tracing::warn!(error = %e, "forgotten texts stay in the embedding cache");
+                    }
+                })
+                .await?;
+            }
+        }
+        if let Some(t) = thread {
+            let inner = self.inner.clone();
+            blocking(move || inner.store.clear_thread_state(&t)).await??;
+        }
+        Ok(report)
+    }
+
+    /// The ids of every memory `filter` admits.
+    async fn collect_ids(&self, filter: Filter) -> Result<Vec<MemoryId>> {
+        let mut ids = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = self.list_page(filter.clone(), cursor, COLLECT_PAGE).await?;
+            ids.extend(page.items.iter().map(|m| m.id));
+            match page.next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        Ok(ids)
+    }
+}

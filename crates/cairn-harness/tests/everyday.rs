@@ -1,0 +1,585 @@
+//! The everyday API of a memory store: metadata filters, upsert by external key, metadata
+//! patches, cursor paging, and forgetting that reaches summaries (real model where meaning
+//! matters).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use cairn_core::{Embedder, InputError, ManualClock, MemoryId, MemoryKind, NewMemory, Role};
+use cairn_embed::{FastEmbedder, HashEmbedder};
+use cairn_harness::{
+    ContextOptions, ContextScope, Filter, Forget, HarnessError, MemoryHarness, MetaFilter,
+    SearchMode, SearchOptions, UpsertOutcome,
+};
+use cairn_store::StoreError;
+use chrono::{DateTime, Duration, Utc};
+use serde_json::json;
+
+fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_750_000_000, 0).unwrap()
+}
+
+async fn open(dir: &tempfile::TempDir, e: Arc<dyn Embedder>) -> MemoryHarness {
+    MemoryHarness::builder(dir.path().join("e.db"))
+        .embedder(e)
+        .clock(Arc::new(ManualClock::new(now())))
+        .build()
+        .await
+        .unwrap()
+}
+
+fn hash() -> Arc<dyn Embedder> {
+    Arc::new(HashEmbedder::new(64))
+}
+
+fn knowledge(text: String, meta: serde_json::Value) -> NewMemory {
+    let mut m = NewMemory::new(MemoryKind::Knowledge, text);
+    m.metadata = meta.as_object().unwrap().clone();
+    m
+}
+
+/// Metadata filters hold inside the graph walk: a filter admitting a third of 6,000
+/// memories (past the exact-scan threshold) and one admitting 40 both return k results,
+/// every one matching; equality, sets, numeric and text ranges, `ne` and `exists` each
+/// select exactly the rows they name, in search and in listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_filters_in_search_and_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let batch: Vec<NewMemory> = (0..6_000)
+        .map(|i| {
+            let mut meta = json!({
+                "user_id": format!("u{}", i % 3),
+                "priority": i % 10,
+                "seen": format!("2026-0{}-15T00:00:00Z", 1 + i % 9),
+            });
+            if i % 150 == 0 {
+                meta["tag"] = json!("rare");
+            }
+            knowledge(
+                format!("note {i} about topic {} and subject {}", i % 17, i % 23),
+                meta,
+            )
+        })
+        .collect();
+    for chunk in batch.chunks(1_000) {
+        mem.add_many(chunk.to_vec()).await.unwrap();
+    }
+    for (cond, expect) in [
+        (MetaFilter::eq("user_id", "u1"), 2_000usize),
+        (MetaFilter::eq("tag", "rare"), 40),
+        (MetaFilter::new("tag").exists(true), 40),
+        (MetaFilter::new("tag").exists(false), 5_960),
+        (MetaFilter::new("priority").gte(3).lt(5), 1_200),
+        (MetaFilter::new("priority").one_of([0, 9]), 1_200),
+        (MetaFilter::new("user_id").ne("u0"), 4_000),
+        (
+            MetaFilter::new("seen")
+                .gte("2026-02-01T00:00:00Z")
+                .lt("2026-04-01T00:00:00Z"),
+            1_334,
+        ),
+    ] {
+        for mode in [SearchMode::Vector, SearchMode::Keyword, SearchMode::Hybrid] {
+            let hits = mem
+                .search(
+                    "note about topic 5 and subject 7",
+                    SearchOptions::all().k(10).mode(mode).meta(cond.clone()),
+                )
+                .await
+                .unwrap();
+            assert_eq!(hits.len(), 10, "{cond:?} {mode:?}");
+            for h in &hits {
+                assert!(
+                    matches(&h.memory.metadata, &cond),
+                    "{cond:?}: {:?}",
+                    h.memory.metadata
+                );
+            }
+        }
+        let mut seen = 0;
+        let mut cursor = None;
+        loop {
+            let page = mem
+                .list_page(Filter::all().meta(cond.clone()), cursor, 700)
+                .await
+                .unwrap();
+            for m in &page.items {
+                assert!(matches(&m.metadata, &cond));
+            }
+            seen += page.items.len();
+            match page.next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen, expect, "{cond:?}");
+    }
+    // Conditions combine with each other and with kinds.
+    let both = mem
+        .list_page(
+            Filter::all()
+                .kinds([MemoryKind::Knowledge])
+                .meta(MetaFilter::eq("user_id", "u0"))
+                .meta(MetaFilter::eq("tag", "rare")),
+            None,
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(both.items.len(), 40);
+    assert!(mem
+        .list_page(
+            Filter::all()
+                .kinds([MemoryKind::Conversational])
+                .meta(MetaFilter::eq("user_id", "u0")),
+            None,
+            10
+        )
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+    // Bad conditions are typed errors.
+    for bad in [
+        MetaFilter::new("user_id"),
+        MetaFilter::eq("", "x"),
+        MetaFilter::eq("a\"b", "x"),
+        MetaFilter::eq("user_id", json!({"nested": 1})),
+        MetaFilter::new("priority").gt(json!(true)),
+        MetaFilter::new("tag").one_of(Vec::<String>::new()),
+    ] {
+        let r = mem
+            .search("note", SearchOptions::all().meta(bad.clone()))
+            .await;
+        assert!(
+            matches!(
+                r,
+                Err(HarnessError::Input(InputError::BadMetadataFilter { .. }))
+            ),
+            "{bad:?}: {r:?}"
+        );
+    }
+}
+
+/// What a condition admits, computed here independently of SQL.
+fn matches(meta: &cairn_core::Metadata, c: &MetaFilter) -> bool {
+    let v = meta.get(&c.key);
+    let num = |x: &serde_json::Value| x.as_f64();
+    let cmp = |a: &serde_json::Value, b: &serde_json::Value| match (num(a), num(b)) {
+        (Some(x), Some(y)) => x.partial_cmp(&y),
+        _ => a.as_str().zip(b.as_str()).map(|(x, y)| x.cmp(y)),
+    };
+    if let Some(e) = c.exists {
+        if v.is_some() != e {
+            return false;
+        }
+    }
+    let Some(v) = v else {
+        return c.exists == Some(false);
+    };
+    use std::cmp::Ordering::*;
+    c.eq.as_ref().is_none_or(|e| v == e)
+        && c.ne.as_ref().is_none_or(|e| v != e)
+        && c.one_of.as_ref().is_none_or(|s| s.contains(v))
+        && c.gt.as_ref().is_none_or(|b| cmp(v, b) == Some(Greater))
+        && c.gte
+            .as_ref()
+            .is_none_or(|b| matches!(cmp(v, b), Some(Greater | Equal)))
+        && c.lt.as_ref().is_none_or(|b| cmp(v, b) == Some(Less))
+        && c.lte
+            .as_ref()
+            .is_none_or(|b| matches!(cmp(v, b), Some(Less | Equal)))
+}
+
+/// A caller-given key makes adds idempotent and upserts update in place: the same add twice
+/// is one memory; an upsert with new metadata keeps the vector; one with new content
+/// re-embeds it and marks the summary above stale; a different memory under a used key is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_make_adds_idempotent_and_upserts_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let fact = |text: &str, city: &str| {
+        knowledge(text.to_owned(), json!({ "city": city })).with_key("user-42/address")
+    };
+    let a = mem
+        .add(fact("Lives at 1 Rue de Rivoli", "Paris"))
+        .await
+        .unwrap();
+    // A retried request: the same memory, not a second one.
+    let b = mem
+        .add(fact("Lives at 1 Rue de Rivoli", "Paris"))
+        .await
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a, MemoryId::from_key("user-42/address"));
+    assert_eq!(mem.stats().await.unwrap().store.total, 1);
+    // The same key with other content through `add` is a conflict, and changes nothing.
+    let r = mem.add(fact("Lives at 5 Main St", "Boston")).await;
+    assert!(
+        matches!(r, Err(HarnessError::Store(StoreError::DuplicateId { .. }))),
+        "{r:?}"
+    );
+
+    let summary = mem
+        .add_summary("Where the user lives", &[a], None)
+        .await
+        .unwrap();
+    let before = mem.store().embedding(a).unwrap();
+    let up = mem
+        .upsert(fact("Lives at 1 Rue de Rivoli", "Paris"))
+        .await
+        .unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::Unchanged);
+    let up = mem
+        .upsert(
+            knowledge(
+                "Lives at 1 Rue de Rivoli".into(),
+                json!({"city": "Paris", "verified": true}),
+            )
+            .with_key("user-42/address"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::MetadataUpdated);
+    assert_eq!(up.memory.metadata["verified"], json!(true));
+    assert_eq!(mem.store().embedding(a).unwrap(), before);
+    assert!(!mem.get(summary).await.unwrap().summary.unwrap().stale);
+    let up = mem
+        .upsert(fact("Lives at 5 Main St", "Boston"))
+        .await
+        .unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::ContentUpdated);
+    assert_eq!(up.memory.content, "Lives at 5 Main St");
+    assert!(!up.memory.metadata.contains_key("verified"));
+    assert_ne!(mem.store().embedding(a).unwrap(), before);
+    assert!(mem.get(summary).await.unwrap().summary.unwrap().stale);
+    assert_eq!(mem.stats().await.unwrap().store.total, 2);
+    let hits = mem
+        .search("Main St", SearchOptions::all().mode(SearchMode::Keyword))
+        .await
+        .unwrap();
+    assert_eq!(hits[0].memory.id, a);
+    // Another kind under the same key is another memory: refused.
+    let r = mem
+        .upsert(NewMemory::new(MemoryKind::Entity, "x").with_key("user-42/address"))
+        .await;
+    assert!(matches!(
+        r,
+        Err(HarnessError::Store(StoreError::DuplicateId { .. }))
+    ));
+    // A new key inserts.
+    let up = mem
+        .upsert(fact("Lives in Oslo", "Oslo").with_key("user-7/address"))
+        .await
+        .unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::Inserted);
+
+    // Patches merge; null removes; the vector stays.
+    let v = mem.store().embedding(a).unwrap();
+    let patched = mem
+        .patch_metadata(
+            a,
+            json!({"city": null, "zip": "02101", "geo": {"lat": 42}})
+                .as_object()
+                .unwrap()
+                .clone(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.metadata,
+        *json!({"zip": "02101", "geo": {"lat": 42}})
+            .as_object()
+            .unwrap()
+    );
+    let patched = mem
+        .patch_metadata(a, json!({"geo": {"lon": -71}}).as_object().unwrap().clone())
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata["geo"], json!({"lat": 42, "lon": -71}));
+    assert_eq!(mem.get(a).await.unwrap().metadata, patched.metadata);
+    assert_eq!(mem.store().embedding(a).unwrap(), v);
+    let r = mem
+        .patch_metadata(MemoryId::new(), Default::default())
+        .await;
+    assert!(matches!(r, Err(HarnessError::NotFound { .. })));
+}
+
+/// Cursor paging lists every memory that was there exactly once, in time order, while
+/// memories are added before and after the cursor between pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursor_paging_is_stable_under_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let t0 = now() - Duration::days(10);
+    let thread = cairn_core::ThreadId::new("p").unwrap();
+    // Several memories share a time: ties are broken by insertion order.
+    let batch: Vec<NewMemory> = (0..250)
+        .map(|i| {
+            NewMemory::conversational(thread.clone(), Role::User, format!("turn {i}"))
+                .at(t0 + Duration::minutes(i / 3))
+        })
+        .collect();
+    let original: Vec<MemoryId> = mem.add_many(batch).await.unwrap();
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    let mut round = 0;
+    loop {
+        let page = mem
+            .list_page(Filter::all().thread(thread.clone()), cursor, 40)
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 40);
+        seen.extend(page.items.iter().map(|m| (m.created_at, m.id)));
+        // Writes between pages: one long before the cursor, one at the cursor's time, one
+        // far after.
+        round += 1;
+        let at = page.items.last().map(|m| m.created_at).unwrap_or(t0);
+        for (i, when) in [t0 - Duration::days(1), at, t0 + Duration::days(30)]
+            .into_iter()
+            .enumerate()
+        {
+            mem.add(
+                NewMemory::conversational(thread.clone(), Role::User, format!("late {round} {i}"))
+                    .at(when),
+            )
+            .await
+            .unwrap();
+        }
+        match page.next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let ids: Vec<MemoryId> = seen.iter().map(|(_, id)| *id).collect();
+    let unique: HashSet<MemoryId> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "a memory was listed twice");
+    for id in &original {
+        assert!(unique.contains(id), "memory {id} was skipped");
+    }
+    assert!(
+        seen.windows(2).all(|w| w[0].0 <= w[1].0),
+        "not in time order"
+    );
+    // A cursor survives its text form; a bad one is a typed error.
+    let page = mem.list_page(Filter::all(), None, 1).await.unwrap();
+    let c = page.next.unwrap();
+    assert_eq!(c.to_string().parse::<cairn_harness::Cursor>().unwrap(), c);
+    assert!("nonsense".parse::<cairn_harness::Cursor>().is_err());
+}
+
+/// Forgetting a fact reaches everything derived from it (real model): the turn that said
+/// it is gone, the summaries quoting it are written again from what remains, up the tree,
+/// and no search in any mode, no context, no expansion, no summary text and no cached
+/// embedding returns it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgotten_is_not_recalled() {
+    let dir = tempfile::tempdir().unwrap();
+    let model: Arc<dyn Embedder> = Arc::new(FastEmbedder::new().unwrap());
+    let mem = open(&dir, model).await;
+    let t0 = now() - Duration::days(3);
+    let lines = [
+        "I started running again this week, three times around the park.",
+        "My knees felt fine, which surprised me.",
+        "The gym locker combination is 4417, I keep forgetting it.",
+        "I want to sign up for a 10k race in the spring.",
+        "My sister says I should buy proper running shoes.",
+        "We might go to the coast for Easter.",
+        "I have been reading a novel about a lighthouse keeper.",
+        "Work has been quiet, the release slipped to next month.",
+    ];
+    let mut turns = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let m = NewMemory::conversational(cairn_core::ThreadId::new("me").unwrap(), Role::User, *l)
+            .at(t0 + Duration::minutes(i as i64));
+        turns.push(mem.add(m).await.unwrap());
+    }
+    let secret = turns[2];
+    // Summaries as an LLM would write them, quoting the fact, two levels deep.
+    let s1 = mem
+        .add_summary(
+            "The user is running again and keeps the gym locker combination 4417; knees fine.",
+            &turns[..4],
+            Some("me"),
+        )
+        .await
+        .unwrap();
+    let s1b = mem
+        .add_summary(
+            "Family advice on shoes, Easter plans, a novel, quiet work.",
+            &turns[4..],
+            Some("me"),
+        )
+        .await
+        .unwrap();
+    let s2 = mem
+        .add_summary(
+            "Running (locker 4417), family, reading and work.",
+            &[s1, s1b],
+            Some("me"),
+        )
+        .await
+        .unwrap();
+    let leak = |s: &str| s.contains("4417");
+    // Before: the fact is found.
+    let hits = mem
+        .search(
+            "what is my gym locker code",
+            SearchOptions::all().k(5).mode(SearchMode::Vector),
+        )
+        .await
+        .unwrap();
+    assert!(hits.iter().any(|h| leak(&h.memory.content)));
+    let cache = mem.embedding_cache().unwrap().clone();
+    assert!(cache.contains(lines[2]).unwrap());
+
+    let report = mem.forget(Forget::Ids(vec![secret])).await.unwrap();
+    assert_eq!(report.deleted, vec![secret]);
+    assert_eq!(report.resummarized, vec![s1, s2], "lowest level first");
+    assert!(report.dropped.is_empty());
+
+    for mode in [SearchMode::Vector, SearchMode::Keyword, SearchMode::Hybrid] {
+        for q in ["what is my gym locker code", "4417", "locker combination"] {
+            for opts in [SearchOptions::all().k(50), SearchOptions::summaries().k(50)] {
+                let hits = mem.search(q, opts.mode(mode)).await.unwrap();
+                assert!(
+                    hits.iter().all(|h| !leak(&h.memory.content)),
+                    "{mode:?} {q}"
+                );
+            }
+        }
+    }
+    let ctx = mem
+        .assemble_context("me", "what is my gym locker code?", 2_000)
+        .await
+        .unwrap();
+    assert!(!leak(&ctx.render()));
+    for s in [s1, s1b, s2] {
+        let unit = mem.get(s).await.unwrap();
+        assert!(!leak(&unit.content), "{}", unit.content);
+        assert!(!unit.summary.as_ref().unwrap().stale);
+        assert!(!unit.summary.unwrap().source_ids.contains(&secret));
+        for m in mem.expand_to_leaves(s).await.unwrap() {
+            assert!(!leak(&m.content));
+        }
+    }
+    assert!(matches!(
+        mem.get(secret).await,
+        Err(HarnessError::NotFound { .. })
+    ));
+    assert!(!cache.contains(lines[2]).unwrap());
+    for old in [
+        "The user is running again and keeps the gym locker combination 4417; knees fine.",
+        "Running (locker 4417), family, reading and work.",
+    ] {
+        assert!(!cache.contains(old).unwrap());
+    }
+    let all = mem.list_page(Filter::all(), None, 1_000).await.unwrap();
+    assert_eq!(all.items.len(), 10);
+    assert!(all.items.iter().all(|m| !leak(&m.content)));
+}
+
+/// Forgetting by thread, by metadata (a user) and everything: summaries left with no
+/// source go, summaries keeping some are written again, other users' memories stay; a
+/// metadata scope recalls one user's memories from other threads into a context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_by_thread_user_and_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let t0 = now() - Duration::days(3);
+    let mut by_user: Vec<(String, MemoryId)> = Vec::new();
+    for (t, user) in [("a1", "alice"), ("a2", "alice"), ("b1", "bob")] {
+        let thread = cairn_core::ThreadId::new(t).unwrap();
+        for i in 0..6 {
+            let mut m = NewMemory::conversational(
+                thread.clone(),
+                Role::User,
+                format!("{user} says thing {i} in {t} about gardening"),
+            )
+            .at(t0 + Duration::minutes(i));
+            m.metadata.insert("user_id".into(), json!(user));
+            by_user.push((user.to_owned(), mem.add(m).await.unwrap()));
+        }
+    }
+    let alice: Vec<MemoryId> = by_user
+        .iter()
+        .filter(|(u, _)| u == "alice")
+        .map(|(_, id)| *id)
+        .collect();
+    let bob: Vec<MemoryId> = by_user
+        .iter()
+        .filter(|(u, _)| u == "bob")
+        .map(|(_, id)| *id)
+        .collect();
+    // A thread-less summary over both users' memories, and one over alice's alone.
+    let mixed = mem
+        .add_summary("alice and bob both garden", &[alice[0], bob[0]], None)
+        .await
+        .unwrap();
+    let only_alice = mem
+        .add_summary("alice gardens a lot", &alice[..3], None)
+        .await
+        .unwrap();
+
+    // A metadata scope brings alice's other threads into a1's context.
+    let ctx = mem
+        .assemble_context_scoped(
+            "a1",
+            "gardening",
+            2_000,
+            ContextOptions::default(),
+            ContextScope::metadata(MetaFilter::eq("user_id", "alice")),
+        )
+        .await
+        .unwrap();
+    let related: Vec<_> = ctx
+        .items
+        .iter()
+        .filter(|i| i.section == cairn_harness::Section::Related)
+        .collect();
+    assert!(!related.is_empty());
+    assert!(
+        related
+            .iter()
+            .all(|i| i.thread_id.as_ref().map(|t| t.as_str()) == Some("a2")),
+        "{related:?}"
+    );
+
+    let r = mem
+        .forget(Forget::Filter(
+            Filter::all().meta(MetaFilter::eq("user_id", "alice")),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.deleted.len(),
+        12 + 1,
+        "alice's 12 turns and the summary of nothing left"
+    );
+    assert!(r.deleted.contains(&only_alice));
+    assert_eq!(r.resummarized, vec![mixed]);
+    let m = mem.get(mixed).await.unwrap();
+    assert_eq!(m.summary.unwrap().source_ids, vec![bob[0]]);
+    assert!(!m.content.contains("alice"), "{}", m.content);
+    assert_eq!(mem.stats().await.unwrap().store.total, 6 + 1);
+
+    // By thread: its turns, and the summary citing only them.
+    let r = mem
+        .forget(Forget::Thread(cairn_core::ThreadId::new("b1").unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(r.deleted.len(), 6 + 1);
+    assert_eq!(mem.stats().await.unwrap().store.total, 0);
+    mem.add_knowledge("something").await.unwrap();
+    let r = mem.forget(Forget::Everything).await.unwrap();
+    assert_eq!(r.deleted.len(), 1);
+    // Unknown ids forget nothing.
+    let keep = mem.add_knowledge("kept").await.unwrap();
+    let r = mem.forget(Forget::Ids(vec![keep, MemoryId::new()])).await;
+    assert!(matches!(r, Err(HarnessError::NotFound { .. })));
+    assert!(mem.get(keep).await.is_ok());
+}
