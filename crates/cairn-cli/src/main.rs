@@ -80,6 +80,65 @@ enum Command {
         thread: Option<String>,
         #[arg(long)]
         role: Option<String>,
+        /// Metadata, a JSON object.
+        #[arg(long, value_name = "JSON")]
+        meta: Option<String>,
+        /// An external key: adding the same keyed memory again is a no-op (its id is
+        /// printed), so retries never duplicate.
+        #[arg(long)]
+        key: Option<String>,
+        /// With --key: update the memory stored under the key instead (content re-embedded,
+        /// metadata replaced).
+        #[arg(long, requires = "key")]
+        upsert: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List memories, oldest first, a page at a time (the last line names the next page's
+    /// cursor).
+    List {
+        #[arg(long)]
+        kind: Vec<String>,
+        #[arg(long)]
+        thread: Option<String>,
+        /// Metadata condition (repeatable): KEY=V, KEY!=V, KEY>V, KEY>=V, KEY<V, KEY<=V,
+        /// KEY=[V1,V2], KEY? (present), !KEY (absent).
+        #[arg(long = "where", value_name = "COND")]
+        conditions: Vec<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Where to start (the cursor a previous page printed).
+        #[arg(long)]
+        cursor: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Merge a JSON object into a memory's metadata (`null` removes a field); the memory is
+    /// not re-embedded.
+    Patch {
+        id: String,
+        #[arg(long, value_name = "JSON")]
+        meta: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget memories so that nothing recalls them: delete them, rewrite the summaries
+    /// built on them from what remains, drop their cached embeddings.
+    Forget {
+        /// A memory (repeatable).
+        #[arg(long)]
+        id: Vec<String>,
+        /// Every memory of a thread.
+        #[arg(long, conflicts_with_all = ["id", "all"])]
+        thread: Option<String>,
+        /// Every memory meeting these metadata conditions (repeatable; see `list`).
+        #[arg(long = "where", value_name = "COND", conflicts_with_all = ["id", "all"])]
+        conditions: Vec<String>,
+        /// Everything in the store (needs --yes).
+        #[arg(long, requires = "yes", conflicts_with = "id")]
+        all: bool,
+        #[arg(long)]
+        yes: bool,
         #[arg(long)]
         json: bool,
     },
@@ -108,6 +167,9 @@ enum Command {
         k: Option<usize>,
         #[arg(long, default_value = "hybrid")]
         mode: String,
+        /// Metadata condition (repeatable; see `list`).
+        #[arg(long = "where", value_name = "COND")]
+        conditions: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -187,6 +249,10 @@ enum Command {
         /// conversations, say.
         #[arg(long = "scope", value_name = "THREAD")]
         scope: Vec<String>,
+        /// Recall the memories of any thread meeting this metadata condition too
+        /// (repeatable, all must hold; see `list`): the same user's memories, say.
+        #[arg(long = "scope-where", value_name = "COND")]
+        scope_where: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -311,6 +377,21 @@ fn context_options(json: Option<&str>) -> Result<ContextOptions> {
 fn id(s: &str) -> Result<MemoryId> {
     s.parse()
         .with_context(|| format!("{s:?} is not a memory id"))
+}
+
+/// Metadata conditions in their text form (`--where`).
+fn conditions(c: &[String]) -> Result<Vec<cairn_harness::MetaFilter>> {
+    c.iter()
+        .map(|s| {
+            s.parse::<cairn_harness::MetaFilter>()
+                .with_context(|| format!("--where {s:?}"))
+        })
+        .collect()
+}
+
+/// A JSON object given on the command line.
+fn json_object(j: &str, flag: &str) -> Result<cairn_core::Metadata> {
+    serde_json::from_str(j).with_context(|| format!("{flag}: expected a JSON object, got {j}"))
 }
 
 fn thread(s: &str) -> Result<ThreadId> {
@@ -522,18 +603,109 @@ async fn run(mut cli: Cli) -> Result<()> {
             kind,
             thread: t,
             role,
+            meta,
+            key,
+            upsert,
             json,
         } => {
             let kind: MemoryKind = kind.parse()?;
             let mut m = NewMemory::new(kind, content);
             m.thread_id = t.as_deref().map(thread).transpose()?;
             m.role = role.as_deref().map(str::parse::<Role>).transpose()?;
+            if let Some(j) = &meta {
+                m.metadata = json_object(j, "--meta")?;
+            }
+            if let Some(k) = &key {
+                m = m.with_key(k);
+            }
             let mem = open(&cli.db).await?;
-            let new = mem.add(m).await?;
+            let new = if upsert {
+                let up = mem.upsert(m).await?;
+                if !json {
+                    eprintln!("{}", serde_json::to_string(&up.outcome)?.trim_matches('"'));
+                }
+                up.memory.id
+            } else {
+                mem.add(m).await?
+            };
             if json {
                 print_json(&mem.get(new).await?)?;
             } else {
                 println!("{new}");
+            }
+        }
+        Command::List {
+            kind,
+            thread: t,
+            conditions: c,
+            limit,
+            cursor,
+            json,
+        } => {
+            let mut f = Filter::all();
+            f.kinds = kind
+                .iter()
+                .map(|k| k.parse::<MemoryKind>())
+                .collect::<Result<_, _>>()?;
+            f.thread = t.as_deref().map(thread).transpose()?;
+            f.metadata = conditions(&c)?;
+            let cursor = cursor
+                .as_deref()
+                .map(str::parse::<cairn_harness::Cursor>)
+                .transpose()?;
+            let mem = open(&cli.db).await?;
+            let page = mem.list_page(f, cursor, limit).await?;
+            if json {
+                print_json(&page)?;
+            } else {
+                page.items.iter().for_each(|m| println!("{}", line(m)));
+                if let Some(next) = page.next {
+                    println!("next: --cursor {next}");
+                }
+            }
+        }
+        Command::Patch { id: i, meta, json } => {
+            let patch = json_object(&meta, "--meta")?;
+            let mem = open(&cli.db).await?;
+            let m = mem.patch_metadata(id(&i)?, patch).await?;
+            if json {
+                print_json(&m)?;
+            } else {
+                println!("{}", serde_json::to_string(&m.metadata)?);
+            }
+        }
+        Command::Forget {
+            id: ids,
+            thread: t,
+            conditions: c,
+            all,
+            yes: _,
+            json,
+        } => {
+            let what = if all {
+                cairn_harness::Forget::Everything
+            } else if let Some(t) = t {
+                cairn_harness::Forget::Thread(thread(&t)?)
+            } else if !c.is_empty() {
+                let mut f = Filter::all();
+                f.metadata = conditions(&c)?;
+                cairn_harness::Forget::Filter(f)
+            } else if !ids.is_empty() {
+                cairn_harness::Forget::Ids(ids.iter().map(|i| id(i)).collect::<Result<_>>()?)
+            } else {
+                anyhow::bail!("say what to forget: --id, --thread, --where or --all --yes");
+            };
+            let mem = open(&cli.db).await?;
+            let r = mem.forget(what).await?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "forgot {} memories; {} summaries rewritten, {} dropped",
+                    r.deleted.len(),
+                    r.resummarized.len(),
+                    r.dropped.len()
+                );
             }
         }
         Command::Get { id: i, json } => {
@@ -579,9 +751,11 @@ async fn run(mut cli: Cli) -> Result<()> {
             thread: t,
             k,
             mode,
+            conditions: c,
             json,
         } => {
             let mut opts = SearchOptions::all().mode(mode.parse::<SearchMode>()?);
+            opts.filter.metadata = conditions(&c)?;
             opts.filter.kinds = kind
                 .iter()
                 .map(|k| k.parse::<MemoryKind>())
@@ -769,11 +943,13 @@ async fn run(mut cli: Cli) -> Result<()> {
             options,
             knowledge,
             scope,
+            scope_where,
             json,
         } => {
             let mut options = context_options(options.as_deref())?;
             options.knowledge |= knowledge;
-            let scope = cairn_harness::ContextScope::threads(&scope)?;
+            let mut scope = cairn_harness::ContextScope::threads(&scope)?;
+            scope.metadata = conditions(&scope_where)?;
             let mem = open(&cli.db).await?;
             let render = |ctx: &cairn_harness::AssembledContext| {
                 serde_json::json!({

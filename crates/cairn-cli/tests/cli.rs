@@ -320,6 +320,162 @@ fn commands_and_errors() {
     );
 }
 
+/// The everyday commands: keyed adds and upserts, metadata patches, `--where` in search,
+/// list and context, cursor paging, and `forget` (real model).
+#[test]
+fn keys_filters_paging_and_forget() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("d.db");
+    let add = |text: &str, user: &str, key: &str| {
+        let meta = format!("{{\"user_id\": \"{user}\"}}");
+        ok(&cairn(
+            &db,
+            &[
+                "add",
+                text,
+                "--thread",
+                &format!("{user}-chat"),
+                "--kind",
+                "conversational",
+                "--role",
+                "user",
+                "--meta",
+                &meta,
+                "--key",
+                key,
+            ],
+        ))
+        .trim()
+        .to_owned()
+    };
+    let a = add("I moved to Lisbon last spring", "ana", "ana-1");
+    let again = add("I moved to Lisbon last spring", "ana", "ana-1");
+    assert_eq!(a, again, "the same key twice is one memory");
+    let b = add("My favourite food is grilled sardines", "ana", "ana-2");
+    let c = add("I work as a nurse in Porto", "bo", "bo-1");
+    // The same key with other content: refused through add, applied through --upsert.
+    let o = cairn(
+        &db,
+        &[
+            "add",
+            "I moved to Madrid",
+            "--thread",
+            "ana-chat",
+            "--kind",
+            "conversational",
+            "--role",
+            "user",
+            "--key",
+            "ana-1",
+        ],
+    );
+    assert!(!o.status.success());
+    let up = json(&cairn(
+        &db,
+        &[
+            "add",
+            "I moved to Lisbon last spring",
+            "--thread",
+            "ana-chat",
+            "--kind",
+            "conversational",
+            "--role",
+            "user",
+            "--meta",
+            "{\"user_id\": \"ana\", \"verified\": true}",
+            "--key",
+            "ana-1",
+            "--upsert",
+            "--json",
+        ],
+    ));
+    assert_eq!(up["id"], a.as_str());
+    assert_eq!(up["metadata"]["verified"], true);
+    let patched = json(&cairn(
+        &db,
+        &["patch", &b, "--meta", "{\"rating\": 5}", "--json"],
+    ));
+    assert_eq!(patched["metadata"]["rating"], 5);
+    // --where in search and list.
+    let hits = json(&cairn(
+        &db,
+        &[
+            "search",
+            "where does the user live",
+            "--where",
+            "user_id=bo",
+            "--json",
+        ],
+    ));
+    let hits = hits.as_array().unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0]["memory"]["id"], c.as_str());
+    let listed = json(&cairn(&db, &["list", "--where", "rating>=4", "--json"]));
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["items"][0]["id"], b.as_str());
+    // Paging: one at a time, following the printed cursor.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut args = vec!["list", "--limit", "1", "--json"];
+        if let Some(c) = &cursor {
+            args.extend(["--cursor", c.as_str()]);
+        }
+        let page = json(&cairn(&db, &args));
+        seen.extend(
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["id"].as_str().unwrap().to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(n) => cursor = Some(n.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, vec![a.clone(), b.clone(), c.clone()]);
+    // A context scoped by user recalls ana's memories from her thread into another one.
+    add("Any tips for the weekend?", "ana", "ana-3");
+    let ctx = ok(&cairn(
+        &db,
+        &[
+            "context",
+            "--thread",
+            "bo-chat",
+            "--query",
+            "what food does ana like",
+            "--scope-where",
+            "user_id=ana",
+        ],
+    ));
+    assert!(ctx.contains("sardines"), "{ctx}");
+    // Forget ana: nothing of hers is found afterwards; bo's memory stays.
+    let r = json(&cairn(&db, &["forget", "--where", "user_id=ana", "--json"]));
+    assert_eq!(r["deleted"].as_array().unwrap().len(), 3);
+    let hits = json(&cairn(&db, &["search", "sardines Lisbon", "--json"]));
+    assert!(hits
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|h| h["memory"]["id"] == c.as_str()));
+    // Errors: a bad condition, a bad cursor, nothing named to forget, --all without --yes.
+    for args in [
+        vec!["list", "--where", "nonsense"],
+        vec!["list", "--cursor", "bogus"],
+        vec!["forget"],
+        vec!["forget", "--all"],
+        vec!["patch", &c, "--meta", "[1]"],
+    ] {
+        let o = cairn(&db, &args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(o.stdout.is_empty());
+    }
+    assert_eq!(json(&cairn(&db, &["stats", "--json"]))["store"]["total"], 1);
+    ok(&cairn(&db, &["forget", "--all", "--yes"]));
+    assert_eq!(json(&cairn(&db, &["stats", "--json"]))["store"]["total"], 0);
+}
+
 /// `eval locomo` on a small fixture made here: two sessions, two questions.
 #[test]
 fn eval_on_a_fixture() {

@@ -402,6 +402,64 @@ impl MetaFilter {
     }
 }
 
+/// The text form of a condition, as the CLI and query strings take it: `KEY=V`, `KEY!=V`,
+/// `KEY>V`, `KEY>=V`, `KEY<V`, `KEY<=V`, `KEY=[V1,V2]` (one of), `KEY?` (present) and
+/// `!KEY` (absent). A value is read as JSON when it parses as JSON (`3`, `true`, `"3"`)
+/// and as text otherwise (`alice`, `2026-03-01T00:00:00Z`).
+///
+/// ```
+/// use cairn_store::MetaFilter;
+/// let f: MetaFilter = "priority>=2".parse().unwrap();
+/// assert_eq!(f, MetaFilter::new("priority").gte(2));
+/// let g: MetaFilter = "user_id=alice".parse().unwrap();
+/// assert_eq!(g, MetaFilter::eq("user_id", "alice"));
+/// ```
+impl std::str::FromStr for MetaFilter {
+    type Err = InputError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let value = |v: &str| -> serde_json::Value {
+            serde_json::from_str(v.trim())
+                .unwrap_or_else(|_| serde_json::Value::String(v.trim().to_owned()))
+        };
+        let f = if let Some(k) = s.strip_suffix('?') {
+            Self::new(k.trim()).exists(true)
+        } else if let Some(k) = s.strip_prefix('!') {
+            Self::new(k.trim()).exists(false)
+        } else {
+            let ops = ["!=", ">=", "<=", "=", ">", "<"];
+            let Some((at, op)) = ops
+                .iter()
+                .filter_map(|op| s.find(op).map(|i| (i, *op)))
+                .min_by_key(|(i, op)| (*i, std::cmp::Reverse(op.len())))
+            else {
+                return Err(InputError::BadMetadataFilter {
+                    key: s.chars().take(64).collect(),
+                    reason: "expected KEY=V, KEY!=V, KEY>V, KEY>=V, KEY<V, KEY<=V, KEY? or !KEY",
+                });
+            };
+            let key = s[..at].trim();
+            let v = value(&s[at + op.len()..]);
+            let f = Self::new(key);
+            match (op, v) {
+                ("=", serde_json::Value::Array(set)) => Self {
+                    one_of: Some(set),
+                    ..f
+                },
+                ("=", v) => Self { eq: Some(v), ..f },
+                ("!=", v) => f.ne(v),
+                (">", v) => f.gt(v),
+                (">=", v) => f.gte(v),
+                ("<", v) => f.lt(v),
+                (_, v) => f.lte(v),
+            }
+        };
+        f.validate()?;
+        Ok(f)
+    }
+}
+
 /// A JSON scalar as the SQL value `json_extract` returns for it.
 fn json_sql(v: &serde_json::Value) -> Value {
     match v {
