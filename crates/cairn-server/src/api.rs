@@ -35,6 +35,114 @@ pub struct AddMemory {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Metadata>,
+    /// An external key (1 to 512 bytes): the memory's id is derived from it, so adding the
+    /// same keyed memory again returns the stored one (a retry never duplicates) and the
+    /// same key with other content is a 409 (use `/v1/upsert` to change it).
+    #[serde(default)]
+    pub key: Option<String>,
+}
+
+/// A condition on one top-level metadata field; every condition given must hold.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MetaCondition {
+    /// The metadata field.
+    pub key: String,
+    /// Equal to (text, number or boolean).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub eq: Option<serde_json::Value>,
+    /// Not equal to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub ne: Option<serde_json::Value>,
+    /// Equal to one of.
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub one_of: Option<Vec<serde_json::Value>>,
+    /// Greater than (a number, or text such as an RFC 3339 time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub gt: Option<serde_json::Value>,
+    /// Greater than or equal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub gte: Option<serde_json::Value>,
+    /// Less than.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub lt: Option<serde_json::Value>,
+    /// Less than or equal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub lte: Option<serde_json::Value>,
+    /// Present (true) or absent (false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exists: Option<bool>,
+}
+
+impl From<MetaCondition> for cairn_harness::MetaFilter {
+    fn from(c: MetaCondition) -> Self {
+        Self {
+            key: c.key,
+            eq: c.eq,
+            ne: c.ne,
+            one_of: c.one_of,
+            gt: c.gt,
+            gte: c.gte,
+            lt: c.lt,
+            lte: c.lte,
+            exists: c.exists,
+        }
+    }
+}
+
+/// A metadata patch.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PatchMemory {
+    /// Merged into the metadata (JSON merge patch: `null` removes a field); the memory is
+    /// not re-embedded.
+    #[schema(value_type = Object)]
+    pub metadata: Metadata,
+}
+
+/// What an upsert did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
+pub struct UpsertedOut {
+    /// The memory as stored now.
+    pub memory: MemoryOut,
+    /// inserted, unchanged, metadata_updated or content_updated.
+    pub outcome: String,
+}
+
+/// What to forget: exactly one of `ids`, `thread`, `metadata` or `everything`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForgetRequest {
+    /// These memories.
+    #[serde(default)]
+    pub ids: Option<Vec<String>>,
+    /// Every memory of this thread.
+    #[serde(default)]
+    pub thread: Option<String>,
+    /// Every memory meeting all these metadata conditions (a user: `user_id`).
+    #[serde(default)]
+    pub metadata: Option<Vec<MetaCondition>>,
+    /// Everything in the namespace.
+    #[serde(default)]
+    pub everything: Option<bool>,
+}
+
+/// What was forgotten.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
+pub struct Forgotten {
+    /// Every memory removed.
+    pub deleted: Vec<String>,
+    /// Summaries rewritten from the sources they keep.
+    pub resummarized: Vec<String>,
+    /// Summaries deleted because they could not be rewritten.
+    pub dropped: Vec<String>,
 }
 
 /// The ids of the memories added, in the order given.
@@ -117,6 +225,9 @@ impl From<&MemoryUnit> for MemoryOut {
 pub struct Memories {
     /// The memories, in order.
     pub memories: Vec<MemoryOut>,
+    /// Listings: the cursor of the next page (pass it as `cursor`); absent after the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// A summary to add, written by the caller (an agent's own summary).
@@ -177,6 +288,9 @@ pub struct SearchRequest {
     /// Only this kind (or these kinds).
     #[serde(default)]
     pub kind: Option<Kinds>,
+    /// Only memories meeting all these metadata conditions.
+    #[serde(default)]
+    pub metadata: Option<Vec<MetaCondition>>,
 }
 
 /// A search hit.
@@ -198,6 +312,10 @@ pub struct HitOut {
     pub created_at: String,
     /// Who said it, when known.
     pub speaker: Option<String>,
+    /// Its metadata (left out when empty).
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    #[schema(value_type = Object)]
+    pub metadata: Metadata,
 }
 
 impl From<&SearchHit> for HitOut {
@@ -212,6 +330,7 @@ impl From<&SearchHit> for HitOut {
             level: m.level,
             created_at: m.created_at.to_rfc3339(),
             speaker: m.speaker().map(str::to_owned),
+            metadata: m.metadata.clone(),
         }
     }
 }
@@ -240,6 +359,10 @@ pub struct ContextRequest {
     /// Other threads to recall from (the same user's other conversations).
     #[serde(default)]
     pub scope: Option<Vec<String>>,
+    /// Also recall memories of any thread meeting all these metadata conditions (the same
+    /// user's memories: `user_id`).
+    #[serde(default)]
+    pub scope_metadata: Option<Vec<MetaCondition>>,
 }
 
 /// One item of an assembled context, with its provenance.

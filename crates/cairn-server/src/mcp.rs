@@ -61,6 +61,9 @@ pub struct AddParams {
     /// A JSON object kept with it.
     #[serde(default)]
     pub metadata: Option<Metadata>,
+    /// An external key: adding the same keyed memory again returns the stored one.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 impl AddParams {
@@ -79,6 +82,7 @@ impl AddParams {
                 speaker: self.speaker,
                 created_at: self.created_at,
                 metadata: self.metadata,
+                key: self.key,
             }]),
             (None, None) => Err(ApiError::invalid(
                 Some("content"),
@@ -240,6 +244,19 @@ impl CairnMcp {
             .await
             .map(Json)
             .map_err(fail)
+    }
+
+    #[tool(
+        description = "Forget memories so that nothing recalls them: give exactly one of `ids`, `thread`, `metadata` (conditions such as {\"key\": \"user_id\", \"eq\": \"alice\"}) or `everything: true`. The summaries built on them are rewritten from what remains.",
+        annotations(destructive_hint = true)
+    )]
+    async fn memory_forget(
+        &self,
+        Parameters(p): Parameters<ForgetRequest>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Forgotten>, String> {
+        let ns = self.ns(&ctx)?;
+        self.service.forget(&ns, p).await.map(Json).map_err(fail)
     }
 
     #[tool(

@@ -165,8 +165,15 @@ struct ListQuery {
     thread: Option<String>,
     /// Only this kind.
     kind: Option<String>,
-    /// Rows to skip (oldest first).
+    /// One metadata condition: `KEY=V`, `KEY!=V`, `KEY>V`, `KEY>=V`, `KEY<V`, `KEY<=V`,
+    /// `KEY=[V1,V2]`, `KEY?` (present), `!KEY` (absent).
+    #[serde(rename = "where")]
+    #[param(rename = "where")]
+    condition: Option<String>,
+    /// Rows to skip (oldest first); prefer `cursor`.
     offset: Option<usize>,
+    /// Where the page starts: the `next` of the previous page.
+    cursor: Option<String>,
     /// Rows to return (default 100, at most 1,000).
     limit: Option<usize>,
 }
@@ -185,7 +192,9 @@ async fn list_memories(
                 &ns,
                 q.thread.as_deref(),
                 q.kind.as_deref(),
+                q.condition.as_deref(),
                 q.offset.unwrap_or(0),
+                q.cursor.as_deref(),
                 q.limit,
             )
             .await?,
@@ -224,6 +233,45 @@ async fn delete_memory(
     Ok(Json(
         st.service.delete(&ns, &id, q.policy.as_deref()).await?,
     ))
+}
+
+/// Merges a patch into a memory's metadata (`null` removes a field); no re-embedding.
+#[utoipa::path(patch, path = "/v1/memories/{id}", tag = "memories",
+    params(("id" = String, Path, description = "Memory id")), request_body = PatchMemory,
+    responses((status = 200, body = MemoryOut), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn patch_memory(
+    State(st): State<AppState>,
+    Extension(ns): Extension<Namespace>,
+    Path(id): Path<String>,
+    ApiJson(p): ApiJson<PatchMemory>,
+) -> ApiResult<Json<MemoryOut>> {
+    Ok(Json(st.service.patch(&ns, &id, p).await?))
+}
+
+/// Adds the memory stored under `key`, or updates it in place: the same content is left
+/// alone, other metadata is replaced without re-embedding, other content is re-embedded
+/// and the summaries above it become stale.
+#[utoipa::path(post, path = "/v1/upsert", tag = "memories", request_body = AddMemory,
+    responses((status = 200, body = UpsertedOut), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn upsert_memory(
+    State(st): State<AppState>,
+    Extension(ns): Extension<Namespace>,
+    ApiJson(m): ApiJson<AddMemory>,
+) -> ApiResult<Json<UpsertedOut>> {
+    Ok(Json(st.service.upsert(&ns, m).await?))
+}
+
+/// Forgets memories (by ids, thread, metadata or everything): they are deleted, the
+/// summaries built on them are written again from what remains (or deleted), and their
+/// cached embeddings are dropped.
+#[utoipa::path(post, path = "/v1/forget", tag = "memories", request_body = ForgetRequest,
+    responses((status = 200, body = Forgotten), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn forget(
+    State(st): State<AppState>,
+    Extension(ns): Extension<Namespace>,
+    ApiJson(r): ApiJson<ForgetRequest>,
+) -> ApiResult<Json<Forgotten>> {
+    Ok(Json(st.service.forget(&ns, r).await?))
 }
 
 /// The summaries that cite a memory (back-links).
@@ -487,7 +535,9 @@ async fn record(State(st): State<AppState>, req: Request, next: Next) -> Respons
 fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(add_memories, list_memories))
-        .routes(routes!(get_memory, delete_memory))
+        .routes(routes!(get_memory, delete_memory, patch_memory))
+        .routes(routes!(upsert_memory))
+        .routes(routes!(forget))
         .routes(routes!(memory_summaries))
         .routes(routes!(memory_ancestors))
         .routes(routes!(thread_timeline))

@@ -10,8 +10,8 @@ use cairn_core::{
     Embedder, MemoryId, MemoryKind, MemoryUnit, NewMemory, Role, ThreadId, SPEAKER_KEY,
 };
 use cairn_harness::{
-    ConsolidationPolicy, ContextOptions, ContextScope, DeletePolicy, Filter, MemoryHarness,
-    NewSummary, SearchMode, SearchOptions,
+    ConsolidationPolicy, ContextOptions, ContextScope, Cursor, DeletePolicy, Filter, Forget,
+    MemoryHarness, MetaFilter, NewSummary, SearchMode, SearchOptions,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -162,6 +162,15 @@ pub fn new_memory(m: AddMemory, at: &str) -> Result<NewMemory, ApiError> {
     if let Some(md) = m.metadata {
         out.metadata = md;
     }
+    if let Some(k) = m.key.as_deref() {
+        if k.is_empty() || k.len() > 512 {
+            return Err(ApiError::invalid(
+                Some(&f("key")),
+                "a key is 1 to 512 bytes",
+            ));
+        }
+        out = out.with_key(k);
+    }
     if let Some(s) = m.speaker {
         out.metadata
             .insert(SPEAKER_KEY.to_owned(), serde_json::Value::String(s));
@@ -169,6 +178,15 @@ pub fn new_memory(m: AddMemory, at: &str) -> Result<NewMemory, ApiError> {
     out.validate()
         .map_err(|e| ApiError::invalid(None, e.to_string()).at(f("content")))?;
     Ok(out)
+}
+
+/// A bad metadata filter names the field it came from.
+fn meta_field(e: ApiError, field: &str) -> ApiError {
+    if e.message.starts_with("bad metadata filter") {
+        e.at(field)
+    } else {
+        e
+    }
 }
 
 /// What `cairn serve` serves: the namespaces' stores and the operations on them.
@@ -283,12 +301,15 @@ impl Service {
     }
 
     /// Memories of a thread and/or kind, oldest first, a page at a time.
+    #[allow(clippy::too_many_arguments)]
     pub async fn list(
         &self,
         ns: &Namespace,
         thread: Option<&str>,
         kind: Option<&str>,
+        condition: Option<&str>,
         offset: usize,
+        cursor: Option<&str>,
         limit: Option<usize>,
     ) -> Result<Memories, ApiError> {
         let limit = limit.unwrap_or(100);
@@ -303,9 +324,116 @@ impl Service {
         if let Some(k) = kind {
             f.kinds = vec![parse_kind(k, "kind")?];
         }
+        if let Some(c) = condition {
+            f.metadata = vec![c
+                .parse::<MetaFilter>()
+                .map_err(|e| ApiError::invalid(Some("where"), e.to_string()))?];
+        }
+        if offset == 0 {
+            let cursor = cursor
+                .map(|c| {
+                    c.parse::<Cursor>()
+                        .map_err(|e| ApiError::invalid(Some("cursor"), e.to_string()))
+                })
+                .transpose()?;
+            let page = self.store(ns).await?.list_page(f, cursor, limit).await?;
+            return Ok(Memories {
+                memories: page.items.iter().map(MemoryOut::from).collect(),
+                next: page.next.map(|c| c.to_string()),
+            });
+        }
+        if cursor.is_some() {
+            return Err(ApiError::invalid(
+                Some("cursor"),
+                "give either offset or cursor, not both",
+            ));
+        }
         let ms = self.store(ns).await?.list(f, offset, limit).await?;
         Ok(Memories {
             memories: ms.iter().map(MemoryOut::from).collect(),
+            next: None,
+        })
+    }
+
+    /// Adds or updates the memory stored under `m.key`.
+    pub async fn upsert(&self, ns: &Namespace, m: AddMemory) -> Result<UpsertedOut, ApiError> {
+        if m.key.is_none() {
+            return Err(ApiError::invalid(Some("key"), "an upsert needs a key"));
+        }
+        let memory = new_memory(m, "")?;
+        let up = self.store(ns).await?.upsert(memory).await?;
+        Ok(UpsertedOut {
+            memory: MemoryOut::from(&up.memory),
+            outcome: serde_json::to_value(up.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+        })
+    }
+
+    /// Merges a patch into a memory's metadata.
+    pub async fn patch(
+        &self,
+        ns: &Namespace,
+        id: &str,
+        p: PatchMemory,
+    ) -> Result<MemoryOut, ApiError> {
+        let id = parse_id(id, "id")?;
+        let m = self
+            .store(ns)
+            .await?
+            .patch_metadata(id, p.metadata)
+            .await
+            .map_err(|e| ApiError::from(e).at("metadata"))?;
+        Ok(MemoryOut::from(&m))
+    }
+
+    /// Forgets memories and rewrites the summaries built on them.
+    pub async fn forget(&self, ns: &Namespace, r: ForgetRequest) -> Result<Forgotten, ApiError> {
+        let given = usize::from(r.ids.is_some())
+            + usize::from(r.thread.is_some())
+            + usize::from(r.metadata.is_some())
+            + usize::from(r.everything == Some(true));
+        if given != 1 {
+            return Err(ApiError::invalid(
+                None,
+                "give exactly one of ids, thread, metadata or everything: true",
+            ));
+        }
+        let what = if let Some(ids) = r.ids {
+            if ids.len() > self.limits.max_batch {
+                return Err(ApiError::too_large(
+                    Some("ids"),
+                    format!("at most {} ids", self.limits.max_batch),
+                ));
+            }
+            Forget::Ids(
+                ids.iter()
+                    .enumerate()
+                    .map(|(i, id)| parse_id(id, &format!("ids[{i}]")))
+                    .collect::<Result<_, _>>()?,
+            )
+        } else if let Some(t) = r.thread {
+            Forget::Thread(parse_thread(&t, "thread")?)
+        } else if let Some(m) = r.metadata {
+            if m.is_empty() {
+                return Err(ApiError::invalid(
+                    Some("metadata"),
+                    "at least one condition (forgetting everything is everything: true)",
+                ));
+            }
+            let mut f = Filter::all();
+            f.metadata = m.into_iter().map(MetaFilter::from).collect();
+            Forget::Filter(f)
+        } else {
+            Forget::Everything
+        };
+        let r = self.store(ns).await?.forget(what).await?;
+        let s = |v: &[cairn_core::MemoryId]| v.iter().map(ToString::to_string).collect();
+        Ok(Forgotten {
+            deleted: s(&r.deleted),
+            resummarized: s(&r.resummarized),
+            dropped: s(&r.dropped),
         })
     }
 
@@ -382,6 +510,7 @@ impl Service {
         };
         Ok(Memories {
             memories: ms.iter().map(MemoryOut::from).collect(),
+            next: None,
         })
     }
 
@@ -391,6 +520,7 @@ impl Service {
         let ms = self.store(ns).await?.summaries_of(id).await?;
         Ok(Memories {
             memories: ms.iter().map(MemoryOut::from).collect(),
+            next: None,
         })
     }
 
@@ -400,6 +530,7 @@ impl Service {
         let ms = self.store(ns).await?.ancestors(id).await?;
         Ok(Memories {
             memories: ms.iter().map(MemoryOut::from).collect(),
+            next: None,
         })
     }
 
@@ -506,7 +637,18 @@ impl Service {
                 .map(|k| parse_kind(k, "kind"))
                 .collect::<Result<_, _>>()?;
         }
-        let hits = self.store(ns).await?.search(&r.query, opts).await?;
+        opts.filter.metadata = r
+            .metadata
+            .unwrap_or_default()
+            .into_iter()
+            .map(MetaFilter::from)
+            .collect();
+        let hits = self
+            .store(ns)
+            .await?
+            .search(&r.query, opts)
+            .await
+            .map_err(|e| meta_field(e.into(), "metadata"))?;
         Ok(Hits {
             hits: hits.iter().map(HitOut::from).collect(),
         })
@@ -533,8 +675,14 @@ impl Service {
         for (i, t) in scope_ids.iter().enumerate() {
             parse_thread(t, &format!("scope[{i}]"))?;
         }
-        let scope = ContextScope::threads(scope_ids.iter().map(String::as_str))
+        let mut scope = ContextScope::threads(scope_ids.iter().map(String::as_str))
             .map_err(|e| ApiError::from(e).at("scope"))?;
+        scope.metadata = r
+            .scope_metadata
+            .unwrap_or_default()
+            .into_iter()
+            .map(MetaFilter::from)
+            .collect();
         let options = ContextOptions {
             knowledge: r.knowledge.unwrap_or(false),
             ..ContextOptions::default()
@@ -543,7 +691,8 @@ impl Service {
             .store(ns)
             .await?
             .assemble_context_scoped(&r.thread, &r.query, budget, options, scope)
-            .await?;
+            .await
+            .map_err(|e| meta_field(e.into(), "scope_metadata"))?;
         Ok(ContextOut {
             items: c.items.iter().map(ContextItemOut::from).collect(),
             tokens: c.tokens,

@@ -466,3 +466,187 @@ fn consolidation_over_rest_writes_summaries_the_tree_shows() {
         (422, Some("older_than"))
     );
 }
+
+/// The everyday endpoints: keyed adds and `/v1/upsert`, `PATCH` of metadata, metadata
+/// conditions in search, listing and context scope, cursor paging, and `/v1/forget`, which
+/// never reaches another namespace; bad input is a 422 naming the field.
+#[test]
+fn keys_patches_filters_paging_and_forget() {
+    let s = start(Limits::default());
+    let (a, b) = (Some(s.key_a.as_str()), Some(s.key_b.as_str()));
+    let add = |key: Option<&str>, body: &str| s.call("POST", "/v1/memories", key, Some(body));
+    let (st, one) = add(
+        a,
+        r#"{"thread":"t","content":"Ana lives in Lisbon","key":"ana/home","metadata":{"user_id":"ana"}}"#,
+    );
+    assert_eq!(st, 201, "{one}");
+    let id = one["id"].as_str().unwrap().to_owned();
+    // A retry is the same memory; other content under the key is a conflict.
+    let (st, again) = add(
+        a,
+        r#"{"thread":"t","content":"Ana lives in Lisbon","key":"ana/home","metadata":{"user_id":"ana"}}"#,
+    );
+    assert_eq!((st, again["id"].as_str().unwrap()), (201, id.as_str()));
+    let (st, _) = add(
+        a,
+        r#"{"thread":"t","content":"Ana lives in Porto","key":"ana/home"}"#,
+    );
+    assert_eq!(st, 409);
+    let (st, up) = s.call("POST", "/v1/upsert", a, Some(r#"{"thread":"t","content":"Ana lives in Porto","key":"ana/home","metadata":{"user_id":"ana"}}"#));
+    assert_eq!(st, 200, "{up}");
+    assert_eq!(up["outcome"], "content_updated");
+    assert_eq!(up["memory"]["id"], id.as_str());
+    let (st, _) = s.call("POST", "/v1/upsert", a, Some(r#"{"content":"no key"}"#));
+    assert_eq!(st, 422);
+    // The same key in another namespace is another memory.
+    let (st, other) = add(
+        b,
+        r#"{"thread":"t","content":"Ana lives in Lisbon","key":"ana/home","metadata":{"user_id":"ana"}}"#,
+    );
+    assert_eq!(st, 201);
+    assert_eq!(
+        other["id"].as_str().unwrap(),
+        id.as_str(),
+        "ids come from the key"
+    );
+
+    let (st, m) = s.call(
+        "PATCH",
+        &format!("/v1/memories/{id}"),
+        a,
+        Some(r#"{"metadata":{"verified":true,"user_id":null}}"#),
+    );
+    assert_eq!(st, 200, "{m}");
+    assert_eq!(m["metadata"], json!({"verified": true}));
+    let (st, e) = s.call(
+        "PATCH",
+        &format!("/v1/memories/{id}"),
+        a,
+        Some(r#"{"metadata":[1]}"#),
+    );
+    assert_eq!(st, 422, "{e}");
+    let (st, _) = s.call(
+        "PATCH",
+        "/v1/memories/01a227ce-dfe3-728a-a928-cb93de8d7ae9",
+        a,
+        Some(r#"{"metadata":{}}"#),
+    );
+    assert_eq!(st, 404);
+
+    for i in 0..5 {
+        let (st, _) = add(
+            a,
+            &format!(
+                r#"{{"thread":"bo","content":"Bo note {i} about the garden","created_at":"2024-01-0{}T10:00:00Z","metadata":{{"user_id":"bo","n":{i}}}}}"#,
+                i + 1
+            ),
+        );
+        assert_eq!(st, 201);
+    }
+    let (st, hits) = s.call(
+        "POST",
+        "/v1/search",
+        a,
+        Some(r#"{"query":"garden","k":10,"metadata":[{"key":"n","gte":3}]}"#),
+    );
+    assert_eq!(st, 200, "{hits}");
+    let ns: Vec<i64> = hits["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["metadata"]["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ns.len(), 2, "{hits}");
+    assert!(ns.iter().all(|n| *n >= 3));
+    let (st, e) = s.call(
+        "POST",
+        "/v1/search",
+        a,
+        Some(r#"{"query":"garden","metadata":[{"key":"n"}]}"#),
+    );
+    assert_eq!(
+        (st, e["error"]["field"].as_str()),
+        (422, Some("metadata")),
+        "{e}"
+    );
+    // Paging with cursors, and one condition in the query string.
+    let mut seen = Vec::new();
+    let mut path = "/v1/memories?where=user_id%3Dbo&limit=2".to_owned();
+    loop {
+        let (st, page) = s.call("GET", &path, a, None);
+        assert_eq!(st, 200, "{page}");
+        seen.extend(ids(&page, "memories"));
+        match page["next"].as_str() {
+            Some(c) => path = format!("/v1/memories?where=user_id%3Dbo&limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 5);
+    let (st, e) = s.call("GET", "/v1/memories?cursor=bogus", a, None);
+    assert_eq!((st, e["error"]["field"].as_str()), (422, Some("cursor")));
+    // A context scoped by user.
+    let (st, ctx) = s.call(
+        "POST",
+        "/v1/context",
+        a,
+        Some(r#"{"thread":"t","query":"garden","scope_metadata":[{"key":"user_id","eq":"bo"}]}"#),
+    );
+    assert_eq!(st, 200, "{ctx}");
+    assert!(
+        ctx["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["section"] == "related"),
+        "{ctx}"
+    );
+
+    // Forget: exactly one target; bo's memories go from alpha only.
+    let (st, e) = s.call(
+        "POST",
+        "/v1/forget",
+        a,
+        Some(r#"{"thread":"bo","everything":true}"#),
+    );
+    assert_eq!(st, 422, "{e}");
+    let (st, r) = s.call(
+        "POST",
+        "/v1/forget",
+        a,
+        Some(r#"{"metadata":[{"key":"user_id","eq":"bo"}]}"#),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["deleted"].as_array().unwrap().len(), 5);
+    let (_, hits) = s.call(
+        "POST",
+        "/v1/search",
+        a,
+        Some(r#"{"query":"garden","k":10}"#),
+    );
+    assert!(
+        hits["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["thread"] != "bo"),
+        "{hits}"
+    );
+    let (st, r) = s.call("POST", "/v1/forget", a, Some(r#"{"everything":true}"#));
+    assert_eq!(st, 200);
+    assert_eq!(r["deleted"].as_array().unwrap().len(), 1);
+    let (_, list) = s.call("GET", "/v1/memories", b, None);
+    assert_eq!(
+        ids(&list, "memories"),
+        vec![id.clone()],
+        "beta keeps its memory"
+    );
+    let (st, _) = s.call(
+        "POST",
+        "/v1/forget",
+        b,
+        Some(&format!(
+            r#"{{"ids":["{id}","01a227ce-dfe3-728a-a928-cb93de8d7ae9"]}}"#
+        )),
+    );
+    assert_eq!(st, 404);
+}

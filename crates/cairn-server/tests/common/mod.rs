@@ -115,6 +115,16 @@ impl TestServer {
                 }
                 r.call()
             }
+            ("PATCH", b) => {
+                let mut r = self
+                    .agent
+                    .patch(&url)
+                    .header("Content-Type", "application/json");
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                r.send(b.unwrap_or(""))
+            }
             (_, b) => {
                 let mut r = self
                     .agent
