@@ -32,7 +32,7 @@ except NameError:  # Python 3.10: anyio depends on the backport
     from exceptiongroup import BaseExceptionGroup
 
 TOOLS = ("memory_add", "memory_add_summary", "memory_context", "memory_search", "memory_expand",
-         "memory_get", "memory_delete", "memory_tree")
+         "memory_get", "memory_delete", "memory_tree", "memory_forget")
 TURNS = (("Ana", "Ana adopted a grey cat named Pixel in March."),
          ("Ben", "Ben said he is training for the Lisbon marathon."),
          ("Ana", "Ana asked Ben what shoes he runs in."))
@@ -161,6 +161,16 @@ async def run_checks(client: Client, transport: str, thread: str) -> None:
     expect(root_id == sid and isinstance(children, list) and len(children) == 3,
            f"memory_tree: expected first tree rooted at {sid} with 3 children", sc)
     ok(f"memory_tree: {len(trees)} tree(s), root {root_id} with {len(children)} children")
+
+    # Forgetting Ben's turn rewrites the summary from Ana's two turns, and search no
+    # longer finds the marathon.
+    sc = await call(client, "memory_forget", {"ids": [ids[1]]})
+    expect(sc.get("deleted") == [ids[1]] and sc.get("resummarized") == [sid],
+           f"memory_forget: expected deleted [{ids[1]}] and resummarized [{sid}]", sc)
+    sc = await call(client, "memory_search", {"query": "Lisbon marathon", "thread": thread, "k": 5})
+    expect(all("marathon" not in h["content"] for h in sc.get("hits", [])),
+           "memory_forget: the forgotten turn (or a summary quoting it) is still found", sc)
+    ok("memory_forget: deleted, summary rewritten, not found again")
 
 
 async def main(args: argparse.Namespace) -> str:

@@ -155,6 +155,15 @@ impl Args {
         }
     }
 
+    /// Metadata conditions (a list of `{key, eq | ne | in | gt | gte | lt | lte | exists}`).
+    fn conditions(&self, k: &str) -> Result<Vec<cairn_harness::MetaFilter>, Failure> {
+        match self.0.get(k) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|e| Failure::invalid(format!("{k}: {e}"))),
+        }
+    }
+
     fn id(&self, k: &str) -> Result<MemoryId, Failure> {
         let s = self.req(k)?;
         parse_id(&s)
@@ -203,6 +212,12 @@ fn new_memory(a: &Args) -> Result<NewMemory, Failure> {
     }
     if let Some(s) = a.str("speaker")? {
         m.metadata.insert(SPEAKER_KEY.to_owned(), Value::String(s));
+    }
+    if let Some(k) = a.str("key")? {
+        if k.is_empty() {
+            return Err(Failure::invalid("key must not be empty"));
+        }
+        m = m.with_key(&k);
     }
     m.validate().map_err(|e| Failure::invalid(e.to_string()))?;
     Ok(m)
@@ -254,6 +269,59 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
             let limit = a.usize("limit")?.unwrap_or(100);
             memories(&h.list(f, offset, limit).await?)
         }
+        "upsert" => {
+            let up = h.upsert(new_memory(&a)?).await?;
+            json!({"memory": memory(&up.memory), "outcome": serde_json::to_value(up.outcome).unwrap_or(Value::Null)})
+        }
+        "patch_metadata" => {
+            let patch = match a.0.get("metadata") {
+                Some(Value::Object(o)) => o.clone(),
+                _ => return Err(Failure::invalid("metadata must be a dict")),
+            };
+            memory(&h.patch_metadata(a.id("id")?, patch).await?)
+        }
+        "list_page" => {
+            let mut f = Filter::all();
+            f.thread = a.str("thread")?.map(|t| thread(&t)).transpose()?;
+            let kinds = a.strs("kind")?;
+            if !kinds.is_empty() {
+                f.kinds = kinds.iter().map(|k| kind(k)).collect::<Result<_, _>>()?;
+            }
+            f.metadata = a.conditions("metadata")?;
+            let cursor = a
+                .str("cursor")?
+                .map(|c| c.parse::<cairn_harness::Cursor>())
+                .transpose()
+                .map_err(|e| Failure::invalid(e.to_string()))?;
+            let limit = a.usize("limit")?.unwrap_or(100);
+            let page = h.list_page(f, cursor, limit).await?;
+            json!({"items": memories(&page.items), "next": page.next.map(|c| c.to_string())})
+        }
+        "forget" => {
+            let what = if a.bool("everything")? {
+                cairn_harness::Forget::Everything
+            } else if let Some(t) = a.str("thread")? {
+                cairn_harness::Forget::Thread(thread(&t)?)
+            } else if a.0.get("metadata").is_some_and(|v| !v.is_null()) {
+                let mut f = Filter::all();
+                f.metadata = a.conditions("metadata")?;
+                if f.metadata.is_empty() {
+                    return Err(Failure::invalid("metadata: at least one condition"));
+                }
+                cairn_harness::Forget::Filter(f)
+            } else {
+                let ids = a.strs("ids")?;
+                if ids.is_empty() {
+                    return Err(Failure::invalid(
+                        "say what to forget: ids, thread, metadata or everything=True",
+                    ));
+                }
+                cairn_harness::Forget::Ids(ids.iter().map(|s| parse_id(s)).collect::<Result<_, _>>()?)
+            };
+            let r = h.forget(what).await?;
+            let s = |v: &[MemoryId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+            json!({"deleted": s(&r.deleted), "resummarized": s(&r.resummarized), "dropped": s(&r.dropped)})
+        }
         "recent" => {
             let t = a.req("thread")?;
             let limit = a.usize("limit")?.unwrap_or(20);
@@ -290,6 +358,7 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
             let to_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
             o.filter.min_level = a.usize("min_level")?.map(to_u32);
             o.filter.max_level = a.usize("max_level")?.map(to_u32);
+            o.filter.metadata = a.conditions("metadata")?;
             let hits = h.search(&a.req("query")?, o).await?;
             Value::Array(
                 hits.iter()
@@ -310,7 +379,8 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
                 ..ContextOptions::default()
             };
             let scope_ids = a.strs("scope")?;
-            let scope = ContextScope::threads(scope_ids.iter().map(String::as_str))?;
+            let mut scope = ContextScope::threads(scope_ids.iter().map(String::as_str))?;
+            scope.metadata = a.conditions("scope_metadata")?;
             let c = h
                 .assemble_context_scoped(&t, &q, budget, options, scope)
                 .await?;
@@ -380,23 +450,7 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
         }
         "delete_thread" => {
             let t = thread(&a.req("thread")?)?;
-            let mut deleted = 0usize;
-            // Summaries first (top levels down), then the raw memories: a page at a time.
-            loop {
-                let f = Filter::all().thread(t.clone());
-                let page = h.list(f, 0, 256).await?;
-                if page.is_empty() {
-                    break;
-                }
-                for m in page {
-                    match h.delete_with(m.id, DeletePolicy::Cascade).await {
-                        Ok(r) => deleted += r.deleted.len(),
-                        Err(HarnessError::NotFound { .. }) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-            }
-            json!(deleted)
+            json!(h.forget(cairn_harness::Forget::Thread(t)).await?.deleted.len())
         }
         "threads" => {
             let h2 = h.clone();

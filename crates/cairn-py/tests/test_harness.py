@@ -435,3 +435,49 @@ def test_minilm_search_finds_by_meaning(tmp_path):
     assert hits[0]["content"] == "I adopted a grey cat named Pixel last week."
     hits = h.search("animal companion", thread="t")  # hybrid: no word in common
     assert hits[0]["content"] == "I adopted a grey cat named Pixel last week."
+
+
+# -- keys, metadata filters, paging, forgetting ----------------------------------------------
+
+
+def test_keys_make_adds_idempotent_and_upsert_updates(harness):
+    a = harness.add("Lives in Lisbon", key="ana/home", metadata={"user_id": "ana"})
+    assert harness.add("Lives in Lisbon", key="ana/home", metadata={"user_id": "ana"}) == a
+    with pytest.raises(Conflict):
+        harness.add("Lives in Porto", key="ana/home")
+    up = harness.upsert("Lives in Porto", key="ana/home", metadata={"user_id": "ana"})
+    assert up["outcome"] == "content_updated" and up["memory"]["id"] == a
+    assert harness.upsert("Lives in Porto", key="ana/home", metadata={"user_id": "ana"})["outcome"] == "unchanged"
+    m = harness.patch_metadata(a, {"verified": True, "user_id": None})
+    assert m["metadata"] == {"verified": True}
+    with pytest.raises(NotFound):
+        harness.patch_metadata("01a227ce-dfe3-728a-a928-cb93de8d7ae9", {})
+    assert harness.stats()["store"]["total"] == 1
+
+
+def test_where_filters_paging_and_forget(harness, past):
+    for i in range(7):
+        harness.add(f"note {i} about the garden", thread="g", created_at=past(i),
+                    metadata={"user_id": "bo" if i % 2 else "ana", "n": i})
+    hits = harness.search("garden", k=10, where={"user_id": "bo", "n": {"gte": 3}})
+    assert sorted(h["metadata"]["n"] for h in hits) == [3, 5]
+    assert len(harness.search("garden", k=10, where={"n": [0, 6]})) == 2
+    with pytest.raises(InvalidInput):
+        harness.search("garden", where={"n": {"gte": [1]}})
+    seen, cursor = [], None
+    while True:
+        page = harness.list_page(thread="g", limit=3, cursor=cursor)
+        seen += [m["metadata"]["n"] for m in page["items"]]
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert seen == list(range(7))
+    ctx = harness.assemble_context("other", "garden", scope_where={"user_id": "ana"})
+    assert any(i["section"] == "related" for i in ctx["items"])
+    r = harness.forget(where={"user_id": "bo"})
+    assert len(r["deleted"]) == 3
+    assert all(h["metadata"]["user_id"] == "ana" for h in harness.search("garden", k=10))
+    with pytest.raises(InvalidInput):
+        harness.forget()
+    assert len(asyncio.run(harness.aforget(thread="g"))["deleted"]) == 4
+    assert harness.stats()["store"]["total"] == 0

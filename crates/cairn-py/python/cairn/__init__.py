@@ -91,6 +91,30 @@ def _time(t: Union[str, datetime, None]) -> Optional[str]:
     return t.isoformat()
 
 
+def conditions(where: Optional[dict]) -> Optional[list]:
+    """Metadata conditions from a dict: ``{"user_id": "alice"}`` (equal), ``{"tag": ["a",
+    "b"]}`` (one of), ``{"priority": {"gte": 2, "lt": 5}}`` (operators ``eq``, ``ne``,
+    ``in``, ``gt``, ``gte``, ``lt``, ``lte``, ``exists``); all must hold."""
+    if where is None:
+        return None
+    out = []
+    for key, cond in where.items():
+        if isinstance(cond, dict):
+            out.append({"key": key, **cond})
+        elif isinstance(cond, (list, tuple)):
+            out.append({"key": key, "in": list(cond)})
+        else:
+            out.append({"key": key, "eq": cond})
+    return out
+
+
+def _forget_args(ids, thread, where, everything) -> dict:
+    given = sum(x is not None for x in (ids, thread, where)) + bool(everything)
+    if given != 1:
+        raise InvalidInput("give exactly one of ids, thread, where or everything=True")
+    return {"ids": ids, "thread": thread, "metadata": conditions(where), "everything": everything}
+
+
 def _clean(args: dict) -> str:
     return json.dumps({k: v for k, v in args.items() if v is not None})
 
@@ -136,16 +160,20 @@ class MemoryHarness:
 
     def add(self, content: str, *, kind: Optional[str] = None, thread: Optional[str] = None,
             role: Optional[str] = None, speaker: Optional[str] = None,
-            metadata: Optional[dict] = None, created_at: Union[str, datetime, None] = None) -> str:
+            metadata: Optional[dict] = None, created_at: Union[str, datetime, None] = None,
+            key: Optional[str] = None) -> str:
         """Adds a memory; returns its id. ``kind`` defaults to conversational with a thread,
-        knowledge without."""
-        return self._call("add", **_memory_args(content, kind, thread, role, speaker, metadata, created_at))
+        knowledge without. With ``key``, adding the same memory again returns the stored
+        one (retries never duplicate); other content under the key is a ``Conflict``."""
+        return self._call("add", key=key,
+                          **_memory_args(content, kind, thread, role, speaker, metadata, created_at))
 
     async def aadd(self, content: str, *, kind: Optional[str] = None, thread: Optional[str] = None,
                    role: Optional[str] = None, speaker: Optional[str] = None,
                    metadata: Optional[dict] = None,
-                   created_at: Union[str, datetime, None] = None) -> str:
-        return await self._acall("add", **_memory_args(content, kind, thread, role, speaker, metadata, created_at))
+                   created_at: Union[str, datetime, None] = None, key: Optional[str] = None) -> str:
+        return await self._acall("add", key=key,
+                                 **_memory_args(content, kind, thread, role, speaker, metadata, created_at))
 
     @staticmethod
     def _batch(memories: Iterable[dict]) -> list:
@@ -252,29 +280,87 @@ class MemoryHarness:
 
     def search(self, query: str, *, k: Optional[int] = None, mode: str = "hybrid",
                thread: Optional[str] = None, kind: Union[str, list, None] = None,
-               min_level: Optional[int] = None, max_level: Optional[int] = None) -> list:
+               min_level: Optional[int] = None, max_level: Optional[int] = None,
+               where: Optional[dict] = None) -> list:
         """Hybrid (default), vector or keyword search; each hit is a memory with its
-        ``score``."""
+        ``score``. ``where`` filters on metadata (see :func:`conditions`)."""
         return self._call("search", query=query, k=k, mode=mode, thread=thread, kind=kind,
-                          min_level=min_level, max_level=max_level)
+                          min_level=min_level, max_level=max_level, metadata=conditions(where))
 
     async def asearch(self, query: str, *, k: Optional[int] = None, mode: str = "hybrid",
                       thread: Optional[str] = None, kind: Union[str, list, None] = None,
-                      min_level: Optional[int] = None, max_level: Optional[int] = None) -> list:
+                      min_level: Optional[int] = None, max_level: Optional[int] = None,
+                      where: Optional[dict] = None) -> list:
         return await self._acall("search", query=query, k=k, mode=mode, thread=thread, kind=kind,
-                                 min_level=min_level, max_level=max_level)
+                                 min_level=min_level, max_level=max_level,
+                                 metadata=conditions(where))
+
+    def upsert(self, content: str, *, key: str, kind: Optional[str] = None,
+               thread: Optional[str] = None, role: Optional[str] = None,
+               speaker: Optional[str] = None, metadata: Optional[dict] = None,
+               created_at: Union[str, datetime, None] = None) -> dict:
+        """Adds the memory stored under ``key`` or updates it in place; returns
+        ``{"memory": ..., "outcome": "inserted" | "unchanged" | "metadata_updated" |
+        "content_updated"}``."""
+        args = _memory_args(content, kind, thread, role, speaker, metadata, created_at)
+        return self._call("upsert", key=key, **args)
+
+    async def aupsert(self, content: str, *, key: str, kind: Optional[str] = None,
+                      thread: Optional[str] = None, role: Optional[str] = None,
+                      speaker: Optional[str] = None, metadata: Optional[dict] = None,
+                      created_at: Union[str, datetime, None] = None) -> dict:
+        args = _memory_args(content, kind, thread, role, speaker, metadata, created_at)
+        return await self._acall("upsert", key=key, **args)
+
+    def patch_metadata(self, id: str, metadata: dict) -> dict:
+        """Merges ``metadata`` into a memory's (``None`` removes a field), without
+        re-embedding it; returns the memory."""
+        return self._call("patch_metadata", id=id, metadata=metadata)
+
+    async def apatch_metadata(self, id: str, metadata: dict) -> dict:
+        return await self._acall("patch_metadata", id=id, metadata=metadata)
+
+    def list_page(self, *, thread: Optional[str] = None, kind: Union[str, list, None] = None,
+                  where: Optional[dict] = None, cursor: Optional[str] = None,
+                  limit: int = 100) -> dict:
+        """One page of memories, oldest first: ``{"items": [...], "next": cursor or None}``;
+        pass ``next`` back as ``cursor`` for the following page."""
+        return self._call("list_page", thread=thread, kind=kind, metadata=conditions(where),
+                          cursor=cursor, limit=limit)
+
+    async def alist_page(self, *, thread: Optional[str] = None,
+                         kind: Union[str, list, None] = None, where: Optional[dict] = None,
+                         cursor: Optional[str] = None, limit: int = 100) -> dict:
+        return await self._acall("list_page", thread=thread, kind=kind,
+                                 metadata=conditions(where), cursor=cursor, limit=limit)
+
+    def forget(self, *, ids: Optional[list] = None, thread: Optional[str] = None,
+               where: Optional[dict] = None, everything: bool = False) -> dict:
+        """Forgets memories (give one of ``ids``, ``thread``, ``where`` or
+        ``everything=True``): they are deleted, the summaries built on them are rewritten
+        from what remains, and their cached embeddings are dropped."""
+        return self._call("forget", **_forget_args(ids, thread, where, everything))
+
+    async def aforget(self, *, ids: Optional[list] = None, thread: Optional[str] = None,
+                      where: Optional[dict] = None, everything: bool = False) -> dict:
+        return await self._acall("forget", **_forget_args(ids, thread, where, everything))
 
     def assemble_context(self, thread: str, query: str, *, budget: int = 2000,
-                         knowledge: bool = False, scope: Optional[list] = None) -> dict:
+                         knowledge: bool = False, scope: Optional[list] = None,
+                         scope_where: Optional[dict] = None) -> dict:
         """The context for ``query`` in ``thread`` within ``budget`` tokens: summaries,
-        recalled turns, recent turns (``items``), as ``text`` and as chat ``messages``."""
+        recalled turns, recent turns (``items``), as ``text`` and as chat ``messages``.
+        ``scope`` (other threads) and ``scope_where`` (metadata, such as a user id) add
+        related memories from beyond the thread."""
         return self._call("assemble_context", thread=thread, query=query, budget=budget,
-                          knowledge=knowledge, scope=scope)
+                          knowledge=knowledge, scope=scope, scope_metadata=conditions(scope_where))
 
     async def aassemble_context(self, thread: str, query: str, *, budget: int = 2000,
-                                knowledge: bool = False, scope: Optional[list] = None) -> dict:
+                                knowledge: bool = False, scope: Optional[list] = None,
+                                scope_where: Optional[dict] = None) -> dict:
         return await self._acall("assemble_context", thread=thread, query=query, budget=budget,
-                                 knowledge=knowledge, scope=scope)
+                                 knowledge=knowledge, scope=scope,
+                                 scope_metadata=conditions(scope_where))
 
     def threads(self) -> list:
         """Every thread id."""
