@@ -159,8 +159,9 @@ impl Args {
     fn conditions(&self, k: &str) -> Result<Vec<cairn_harness::MetaFilter>, Failure> {
         match self.0.get(k) {
             None | Some(Value::Null) => Ok(Vec::new()),
-            Some(v) => serde_json::from_value(v.clone())
-                .map_err(|e| Failure::invalid(format!("{k}: {e}"))),
+            Some(v) => {
+                serde_json::from_value(v.clone()).map_err(|e| Failure::invalid(format!("{k}: {e}")))
+            }
         }
     }
 
@@ -316,7 +317,9 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
                         "say what to forget: ids, thread, metadata or everything=True",
                     ));
                 }
-                cairn_harness::Forget::Ids(ids.iter().map(|s| parse_id(s)).collect::<Result<_, _>>()?)
+                cairn_harness::Forget::Ids(
+                    ids.iter().map(|s| parse_id(s)).collect::<Result<_, _>>()?,
+                )
             };
             let r = h.forget(what).await?;
             let s = |v: &[MemoryId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
@@ -450,7 +453,11 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
         }
         "delete_thread" => {
             let t = thread(&a.req("thread")?)?;
-            json!(h.forget(cairn_harness::Forget::Thread(t)).await?.deleted.len())
+            json!(h
+                .forget(cairn_harness::Forget::Thread(t))
+                .await?
+                .deleted
+                .len())
         }
         "threads" => {
             let h2 = h.clone();

@@ -101,6 +101,7 @@ async fn adds_that_arrive_together_share_a_model_run_and_searches_do_not_wait() 
                 mode: None,
                 thread: None,
                 kind: None,
+                metadata: None,
             },
         ),
     )

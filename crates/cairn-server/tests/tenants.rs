@@ -199,6 +199,7 @@ fn run(ops: Vec<Op>) {
                                 mode: Some(["hybrid", "vector", "keyword"][mode].to_owned()),
                                 thread: None,
                                 kind: None,
+                                metadata: None,
                             },
                         )
                         .await
@@ -226,6 +227,7 @@ fn run(ops: Vec<Op>) {
                                 budget: Some(4000),
                                 knowledge: Some(true),
                                 scope: Some(THREADS.iter().map(|t| (*t).to_owned()).collect()),
+                                scope_metadata: None,
                             },
                         )
                         .await

@@ -700,10 +700,9 @@ impl Store {
     /// was there when the listing started, whatever is written or deleted meanwhile.
     pub fn page(&self, filter: &Filter, cursor: Option<Cursor>, limit: usize) -> Result<Page> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql();
-        let mut keyset = String::new();
+        let (mut cond, mut args) = filter.sql();
         if let Some(c) = cursor {
-            keyset.push_str(" AND (m.created_at > ? OR (m.created_at = ? AND m.rid > ?))");
+            cond.push_str(" AND (m.created_at > ? OR (m.created_at = ? AND m.rid > ?))");
             args.push(Value::Integer(c.created_at));
             args.push(Value::Integer(c.created_at));
             args.push(Value::Integer(c.rid));
@@ -714,7 +713,7 @@ impl Store {
             let mut rows = rows::query_units_with(
                 c,
                 ", m.rid",
-                &format!("WHERE 1 = 1{cond}{keyset} ORDER BY m.created_at, m.rid LIMIT ?"),
+                &format!("WHERE 1 = 1{cond} ORDER BY m.created_at, m.rid LIMIT ?"),
                 &args,
             )?;
             let more = rows.len() > take;
