@@ -319,6 +319,7 @@ fn haystack_session(
             content,
             created_at: Some(at),
             metadata,
+            lifetime: cairn_core::Lifetime::default(),
         });
     }
     Ok(out)

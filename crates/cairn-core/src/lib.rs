@@ -35,7 +35,8 @@ pub use error::{EmbedError, InputError, SummarizeError};
 pub use id::{MemoryId, ThreadId, MAX_THREAD_ID_LEN};
 pub use kind::{MemoryKind, Role, SummaryType};
 pub use memory::{
-    check_metadata, MemoryUnit, Metadata, NewMemory, SummaryInfo, MAX_CONTENT_BYTES, SPEAKER_KEY,
+    check_metadata, Lifetime, MemoryUnit, Metadata, NewMemory, SummaryInfo, MAX_CONTENT_BYTES,
+    SPEAKER_KEY,
 };
 pub use traits::{
     CharEstimateCounter, Embedder, Summarizer, SummaryItem, SummaryRequest, TermStats, TokenCounter,

@@ -33,6 +33,35 @@ pub struct SummaryInfo {
     pub stale: bool,
 }
 
+/// How long a memory holds: an expiry (TTL) and, for facts, the time they held true. Reads
+/// hide a memory from its expiry on (consolidation then deletes it), and hide a fact once a
+/// later one supersedes it, unless they ask for history or for another time
+/// (`Filter::as_of`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifetime {
+    /// Hidden from reads from this time on, and deleted by the next consolidation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When the fact became true; the memory's time when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_from: Option<DateTime<Utc>>,
+    /// When it stopped being true: set by the store when a later memory supersedes it (or
+    /// given, for a fact known to end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_to: Option<DateTime<Utc>>,
+    /// The earlier memory this one supersedes (its `valid_to` becomes this one's
+    /// `valid_from`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supersedes: Option<MemoryId>,
+}
+
+impl Lifetime {
+    /// True when nothing is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// A stored memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryUnit {
@@ -54,6 +83,9 @@ pub struct MemoryUnit {
     pub level: u32,
     /// Present for summaries.
     pub summary: Option<SummaryInfo>,
+    /// Expiry and validity (empty for most memories).
+    #[serde(default, flatten)]
+    pub lifetime: Lifetime,
 }
 
 impl MemoryUnit {
@@ -85,6 +117,9 @@ pub struct NewMemory {
     pub created_at: Option<DateTime<Utc>>,
     /// Free JSON object.
     pub metadata: Metadata,
+    /// Expiry, validity, and the memory it supersedes.
+    #[serde(default, flatten)]
+    pub lifetime: Lifetime,
 }
 
 impl NewMemory {
@@ -98,6 +133,7 @@ impl NewMemory {
             content: content.into(),
             created_at: None,
             metadata: Metadata::new(),
+            lifetime: Lifetime::default(),
         }
     }
 
@@ -123,6 +159,25 @@ impl NewMemory {
     /// Sets the creation time.
     pub fn at(mut self, created_at: DateTime<Utc>) -> Self {
         self.created_at = Some(created_at);
+        self
+    }
+
+    /// Hidden from reads from `at` on, and deleted by the next consolidation (a TTL).
+    pub fn expires_at(mut self, at: DateTime<Utc>) -> Self {
+        self.lifetime.expires_at = Some(at);
+        self
+    }
+
+    /// Supersedes an earlier memory (a fact that changed): reads return this one and hide
+    /// the earlier one, which stays as history (valid until this one's `valid_from`).
+    pub fn supersedes(mut self, earlier: MemoryId) -> Self {
+        self.lifetime.supersedes = Some(earlier);
+        self
+    }
+
+    /// Since when the fact is true (default: the memory's time).
+    pub fn valid_from(mut self, from: DateTime<Utc>) -> Self {
+        self.lifetime.valid_from = Some(from);
         self
     }
 
@@ -178,7 +233,13 @@ impl NewMemory {
     /// Validates the record (content; metadata nesting depth).
     pub fn validate(&self) -> Result<(), InputError> {
         check_content(&self.content)?;
-        check_metadata(&self.metadata)
+        check_metadata(&self.metadata)?;
+        if let (Some(a), Some(b)) = (self.lifetime.valid_from, self.lifetime.valid_to) {
+            if a > b {
+                return Err(InputError::InvalidTimeRange);
+            }
+        }
+        Ok(())
     }
 }
 

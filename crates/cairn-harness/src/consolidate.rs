@@ -242,6 +242,12 @@ pub struct ConsolidationReport {
     /// Stale summaries re-summarized from their current sources (see
     /// [`MemoryHarness::refresh_summary`]), lowest level first.
     pub refreshed: Vec<MemoryId>,
+    /// Memories deleted because their expiry passed (with the summaries left with no
+    /// source); the summaries built on them were rewritten as by [`MemoryHarness::forget`].
+    pub expired: Vec<MemoryId>,
+    /// Raw memories that arrived late, dated inside a stretch already summarized: each was
+    /// added to the summary of its time (which was then rewritten), not chunked apart.
+    pub placed: Vec<MemoryId>,
 }
 
 impl ConsolidationReport {
@@ -422,6 +428,16 @@ impl MemoryHarness {
         };
         let cutoff = before(policy.older_than, "older_than")?;
         let tail_cutoff = before(policy.max_age, "max_age")?;
+        // Expired memories go first (forgotten, so nothing derived from them survives).
+        loop {
+            let inner = self.inner.clone();
+            let batch = blocking(move || inner.store.expired(1_000)).await??;
+            if batch.is_empty() {
+                break;
+            }
+            let r = self.forget(crate::Forget::Ids(batch)).await?;
+            report.expired.extend(r.deleted);
+        }
         let threads: Vec<Option<ThreadId>> = if policy.threads.is_empty() {
             let inner = self.inner.clone();
             let mut t: Vec<Option<ThreadId>> = blocking(move || inner.store.threads())
@@ -441,6 +457,20 @@ impl MemoryHarness {
         let mut stats: HashMap<ThreadId, Arc<TermStats>> = HashMap::new();
         let gap = chrono::Duration::from_std(policy.session_gap)
             .map_err(|_| HarnessError::Config("session_gap is too large".into()))?;
+        // Late arrivals join the summary of their time (it becomes stale, and is rewritten
+        // just below).
+        for thread in threads.iter().flatten() {
+            let mut f = Filter::all().levels(0, 0).thread(thread.clone());
+            f.before = Some(cutoff);
+            f.kinds = policy.kinds.clone();
+            let inner = self.inner.clone();
+            let late = blocking(move || inner.store.late_arrivals(&f)).await??;
+            for (memory, summary) in late {
+                let inner = self.inner.clone();
+                blocking(move || inner.store.place_source(summary, memory)).await??;
+                report.placed.push(memory);
+            }
+        }
         // Stale summaries first (their sources changed or were detached), lowest level
         // first, so roll-ups written below read their current text.
         for thread in &threads {

@@ -279,6 +279,10 @@ pub struct ContextOptions {
     /// For memories beyond the thread (its knowledge, the caller's scope): at most this
     /// share of the budget; what they leave goes to recall. Default 0.15.
     pub related_share: f64,
+    /// Recency decay of recall, in seconds: a recalled turn's score is halved for every
+    /// half-life of its age. Off (`None`) by default; LoCoMo's figures are without it
+    /// (docs/evaluation.md has them with it too).
+    pub half_life_secs: Option<f64>,
 }
 
 impl ContextOptions {
@@ -293,6 +297,11 @@ impl ContextOptions {
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return bad(format!("{name} must be in [0, 1], not {v}"));
+            }
+        }
+        if let Some(h) = self.half_life_secs {
+            if !(h.is_finite() && h > 0.0) {
+                return bad(format!("half_life_secs must be a positive number, not {h}"));
             }
         }
         let w = &self.weights;
@@ -330,6 +339,7 @@ impl Default for ContextOptions {
             bounded_above: 5_000,
             knowledge: false,
             related_share: 0.15,
+            half_life_secs: None,
         }
     }
 }
@@ -664,11 +674,19 @@ fn assemble_with(
     // when no budget is left.)
     if let Some(p) = pending.take_if(|_| used < budget) {
         let turns = inner.store.count_in_thread(thread, &turns_filter.kinds)?;
-        let (ranked, qv) = if turns > options.bounded_above {
+        let (mut ranked, qv) = if turns > options.bounded_above {
             bounded_ranking(inner, thread, query, keyword_text, p, options, turns)?
         } else {
             exhaustive_ranking(inner, thread, query, keyword_text, p, options)?
         };
+        if let Some(h) = options.half_life_secs {
+            let now = inner.clock.now();
+            let h = std::time::Duration::from_secs_f64(h);
+            for r in &mut ranked {
+                r.1 = crate::harness::decayed(r.1, now - r.2, h);
+            }
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+        }
         // Memories beyond the thread, best first, within their share.
         if options.knowledge || !scope.is_empty() {
             let cap = (used + share(budget, options.related_share)).min(budget);

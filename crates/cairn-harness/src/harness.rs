@@ -63,6 +63,10 @@ pub struct SearchOptions {
     pub min_score: Option<f32>,
     /// How to rank.
     pub mode: SearchMode,
+    /// Recency decay: a hit's score is halved for every `half_life` of its age (from the
+    /// store clock's now), among 4k candidates, before the best k are kept. Off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half_life: Option<std::time::Duration>,
 }
 
 impl SearchOptions {
@@ -117,6 +121,12 @@ impl SearchOptions {
     /// The minimum score.
     pub fn min_score(mut self, s: f32) -> Self {
         self.min_score = Some(s);
+        self
+    }
+
+    /// Recency decay with this half-life (see [`Self::half_life`]).
+    pub fn half_life(mut self, h: std::time::Duration) -> Self {
+        self.half_life = Some(h);
         self
     }
 
@@ -756,6 +766,13 @@ impl MemoryHarness {
         .await?
     }
 
+    /// Every version of the fact `id` belongs to (the memories it supersedes and those that
+    /// supersede it), oldest first; each carries its `valid_from` / `valid_to`.
+    pub async fn history(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        let inner = self.inner.clone();
+        Ok(blocking(move || inner.store.versions(id)).await??)
+    }
+
     /// Rebuilds the vector index from the stored embeddings.
     pub async fn reindex(&self) -> Result<()> {
         let inner = self.inner.clone();
@@ -791,8 +808,18 @@ pub(crate) fn search_blocking(
     if query.trim().is_empty() {
         return Err(cairn_core::InputError::EmptyContent.into());
     }
-    let k = options.effective_k();
-    let hits = match options.mode {
+    let wanted = options.effective_k();
+    if options.half_life.is_some_and(|h| h.is_zero()) {
+        return Err(HarnessError::Config(
+            "half_life must be more than zero".into(),
+        ));
+    }
+    let k = if options.half_life.is_some() {
+        wanted.saturating_mul(4)
+    } else {
+        wanted
+    };
+    let mut hits = match options.mode {
         SearchMode::Vector => {
             let q = inner.embedder.embed_one(query)?;
             inner.store.search_vector(q, k, &options.filter, None)?
@@ -803,10 +830,30 @@ pub(crate) fn search_blocking(
             hybrid_hits(inner, query, q, &options.filter, k)?
         }
     };
+    if let Some(h) = options.half_life {
+        let now = inner.clock.now();
+        for hit in &mut hits {
+            hit.score = decayed(hit.score, now - hit.memory.created_at, h);
+        }
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score));
+        hits.truncate(wanted);
+    }
     Ok(match options.min_score {
         Some(min) => hits.into_iter().filter(|h| h.score >= min).collect(),
         None => hits,
     })
+}
+
+/// `score` decayed by `age` at half-life `h`: halved per half-life (a negative score is
+/// doubled instead, so age never helps). A memory from the future is not decayed.
+pub(crate) fn decayed(score: f32, age: chrono::Duration, h: std::time::Duration) -> f32 {
+    let age_s = age.num_milliseconds().max(0) as f64 / 1000.0;
+    let f = 0.5f64.powf(age_s / h.as_secs_f64().max(1e-9)) as f32;
+    if score >= 0.0 {
+        score * f
+    } else {
+        score / f.max(f32::MIN_POSITIVE)
+    }
 }
 
 /// Reciprocal rank fusion of ranked lists; the fused score replaces each hit's score.

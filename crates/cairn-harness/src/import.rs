@@ -112,6 +112,7 @@ pub fn parse_jsonl(
             content: r.content,
             created_at: r.created_at,
             metadata: r.metadata,
+            lifetime: cairn_core::Lifetime::default(),
         };
         if let Some(who) = r.speaker {
             let who = who.trim();
@@ -243,6 +244,7 @@ pub fn parse_locomo(json: &str, thread: &ThreadId) -> Result<LocomoConversation,
                 },
                 created_at: Some(date + offset),
                 metadata,
+                lifetime: cairn_core::Lifetime::default(),
             });
         }
     }

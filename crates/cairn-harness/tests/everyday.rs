@@ -583,3 +583,312 @@ async fn forget_by_thread_user_and_everything() {
     assert!(matches!(r, Err(HarnessError::NotFound { .. })));
     assert!(mem.get(keep).await.is_ok());
 }
+
+async fn open_clocked(dir: &tempfile::TempDir, clock: Arc<ManualClock>) -> MemoryHarness {
+    MemoryHarness::builder(dir.path().join("t.db"))
+        .embedder(hash())
+        .clock(clock)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A memory with an expiry is read until then, hidden from every search (graph walk and
+/// exact scan), listing and context after it, and deleted by the next consolidation, which
+/// rewrites the summary built on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_memories_are_hidden_then_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(now()));
+    let mem = open_clocked(&dir, clock.clone()).await;
+    // 3,000 memories, every other one expiring in an hour: unfiltered searches walk the
+    // graph (past the exact-scan threshold), thread searches scan exactly.
+    let batch: Vec<NewMemory> = (0..3_000)
+        .map(|i| {
+            let m = NewMemory::conversational(
+                cairn_core::ThreadId::new("t").unwrap(),
+                Role::User,
+                format!("message {i} about topic {}", i % 13),
+            )
+            .at(now() - Duration::days(2) + Duration::seconds(i));
+            if i % 2 == 0 {
+                m.expires_at(now() + Duration::hours(1))
+            } else {
+                m
+            }
+        })
+        .collect();
+    let ids = mem.add_many(batch).await.unwrap();
+    let summary = mem
+        .add_summary("messages about topics", &ids[..2], Some("t"))
+        .await
+        .unwrap();
+    let q = "message about topic 4";
+    let even = |h: &cairn_harness::SearchHit| {
+        ids.iter()
+            .position(|i| *i == h.memory.id)
+            .is_some_and(|p| p % 2 == 0)
+    };
+    let before = mem
+        .search(q, SearchOptions::all().k(20).mode(SearchMode::Vector))
+        .await
+        .unwrap();
+    assert!(before.iter().any(even));
+    clock.advance(Duration::hours(2));
+    for opts in [
+        SearchOptions::all().k(20),
+        SearchOptions::all()
+            .k(20)
+            .kinds([MemoryKind::Conversational]),
+        SearchOptions::all()
+            .k(20)
+            .thread(cairn_core::ThreadId::new("t").unwrap()),
+    ] {
+        for mode in [SearchMode::Vector, SearchMode::Keyword, SearchMode::Hybrid] {
+            let hits = mem.search(q, opts.clone().mode(mode)).await.unwrap();
+            assert_eq!(
+                hits.iter().filter(|h| h.memory.level == 0).count(),
+                20 - hits.iter().filter(|h| h.memory.level > 0).count()
+            );
+            assert!(
+                !hits.iter().any(even),
+                "{mode:?}: an expired memory was found"
+            );
+        }
+    }
+    let page = mem
+        .list_page(
+            Filter::all().kinds([MemoryKind::Conversational]),
+            None,
+            10_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 1_500);
+    let ctx = mem.assemble_context("t", q, 4_000).await.unwrap();
+    assert!(ctx.items.iter().all(|i| ids
+        .iter()
+        .position(|x| *x == i.id)
+        .is_none_or(|p| p % 2 == 1)));
+    // Still there by id until swept.
+    assert!(mem.get(ids[0]).await.is_ok());
+    let report = mem
+        .consolidate(
+            cairn_harness::ConsolidationPolicy::older_than(std::time::Duration::from_secs(3600))
+                .max_level(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.expired.len(), 1_500);
+    assert!(matches!(
+        mem.get(ids[0]).await,
+        Err(HarnessError::NotFound { .. })
+    ));
+    let s = mem.get(summary).await.unwrap();
+    assert_eq!(
+        s.summary.unwrap().source_ids,
+        vec![ids[1]],
+        "rewritten from what remains"
+    );
+}
+
+/// A fact superseded by a later one is hidden by default, returned with `history`, and the
+/// one that held at a past time is what `as_of` reads; deleting the newer version makes
+/// the older one current again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn superseded_facts_keep_their_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(now()));
+    let mem = open_clocked(&dir, clock.clone()).await;
+    let march = now() - Duration::days(90);
+    let june = now() - Duration::days(10);
+    let oslo = mem
+        .add(
+            NewMemory::new(
+                MemoryKind::Knowledge,
+                "The user's address is Storgata 1, Oslo",
+            )
+            .at(march),
+        )
+        .await
+        .unwrap();
+    let bergen = mem
+        .add(
+            NewMemory::new(
+                MemoryKind::Knowledge,
+                "The user's address is Bryggen 3, Bergen",
+            )
+            .at(june)
+            .supersedes(oslo),
+        )
+        .await
+        .unwrap();
+    let address = |f: Filter| {
+        let mem = mem.clone();
+        async move {
+            let hits = mem
+                .search(
+                    "user address",
+                    SearchOptions {
+                        filter: f,
+                        ..SearchOptions::all()
+                    }
+                    .mode(SearchMode::Keyword),
+                )
+                .await
+                .unwrap();
+            hits.into_iter()
+                .map(|h| h.memory.id)
+                .collect::<HashSet<_>>()
+        }
+    };
+    assert_eq!(address(Filter::all()).await, HashSet::from([bergen]));
+    assert_eq!(
+        address(Filter::all().with_history()).await,
+        HashSet::from([oslo, bergen])
+    );
+    assert_eq!(
+        address(Filter::all().as_of(march + Duration::days(30))).await,
+        HashSet::from([oslo])
+    );
+    assert_eq!(
+        address(Filter::all().as_of(march - Duration::days(1))).await,
+        HashSet::new()
+    );
+    let h = mem.history(bergen).await.unwrap();
+    assert_eq!(
+        h.iter().map(|m| m.id).collect::<Vec<_>>(),
+        vec![oslo, bergen]
+    );
+    assert_eq!(h[0].lifetime.valid_to, Some(june));
+    assert_eq!(h[1].lifetime.supersedes, Some(oslo));
+    assert_eq!(mem.history(oslo).await.unwrap().len(), 2);
+    // Only the current version can be superseded, and not by itself.
+    let r = mem
+        .add(NewMemory::new(MemoryKind::Knowledge, "Tromsø").supersedes(oslo))
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(HarnessError::Store(StoreError::CannotSupersede { .. }))
+        ),
+        "{r:?}"
+    );
+    let r = mem
+        .add(NewMemory::new(MemoryKind::Knowledge, "x").supersedes(MemoryId::new()))
+        .await;
+    assert!(matches!(r, Err(HarnessError::NotFound { .. })));
+    // Deleting the newer version makes the older one current again.
+    mem.delete(bergen).await.unwrap();
+    assert_eq!(address(Filter::all()).await, HashSet::from([oslo]));
+    assert_eq!(mem.get(oslo).await.unwrap().lifetime.valid_to, None);
+}
+
+/// Recency decay ranks the newer of two equally matching memories first; without it, the
+/// order is the store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recency_decay_prefers_newer_memories() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(now()));
+    let mem = open_clocked(&dir, clock).await;
+    let old = mem
+        .add(
+            NewMemory::new(MemoryKind::Knowledge, "The team meets on Mondays")
+                .at(now() - Duration::days(60)),
+        )
+        .await
+        .unwrap();
+    let new = mem
+        .add(
+            NewMemory::new(MemoryKind::Knowledge, "The team meets on Mondays!")
+                .at(now() - Duration::days(1)),
+        )
+        .await
+        .unwrap();
+    let hits = mem
+        .search(
+            "team meets Mondays",
+            SearchOptions::all()
+                .k(1)
+                .half_life(std::time::Duration::from_secs(7 * 86_400)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(hits[0].memory.id, new);
+    let all = mem
+        .search(
+            "team meets Mondays",
+            SearchOptions::all()
+                .k(2)
+                .half_life(std::time::Duration::from_secs(7 * 86_400)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+        vec![new, old]
+    );
+    assert!(
+        all[1].score < all[0].score / 100.0,
+        "60 days at a 7-day half-life: under 1/256"
+    );
+    let r = mem
+        .search(
+            "team",
+            SearchOptions::all().half_life(std::time::Duration::ZERO),
+        )
+        .await;
+    assert!(matches!(r, Err(HarnessError::Config(_))));
+    let bad = ContextOptions {
+        half_life_secs: Some(-1.0),
+        ..ContextOptions::default()
+    };
+    assert!(bad.validate().is_err());
+}
+
+/// A turn that arrives late, dated inside a stretch already summarized, joins the summary
+/// of its time at its place (and the summary is rewritten) instead of becoming a chunk of
+/// its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_turns_join_the_chunk_of_their_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(now()));
+    let mem = open_clocked(&dir, clock).await;
+    let thread = cairn_core::ThreadId::new("late").unwrap();
+    let t0 = now() - Duration::days(2);
+    let turns: Vec<NewMemory> = (0..40)
+        .map(|i| {
+            NewMemory::conversational(
+                thread.clone(),
+                Role::User,
+                format!("turn {i} on subject {}", i % 5),
+            )
+            .at(t0 + Duration::minutes(i))
+        })
+        .collect();
+    mem.add_many(turns).await.unwrap();
+    let policy =
+        cairn_harness::ConsolidationPolicy::older_than(std::time::Duration::from_secs(3600))
+            .max_level(1);
+    let first = mem.consolidate(policy.clone()).await.unwrap();
+    assert_eq!(first.chunks_per_level[&1], 2);
+    let s1 = first.summaries[0];
+    let late = mem
+        .add(
+            NewMemory::conversational(thread.clone(), Role::User, "a late turn about subject 2")
+                .at(t0 + Duration::seconds(5 * 60 + 30)),
+        )
+        .await
+        .unwrap();
+    let again = mem.consolidate(policy).await.unwrap();
+    assert_eq!(again.placed, vec![late]);
+    assert_eq!(again.chunks(), 0, "no chunk of its own");
+    assert_eq!(again.refreshed, vec![s1]);
+    let sources = mem.expand_summary(s1).await.unwrap();
+    assert_eq!(sources.len(), 21);
+    assert_eq!(sources[6].id, late, "at its place in time");
+    assert!(sources
+        .windows(2)
+        .all(|w| w[0].created_at <= w[1].created_at));
+    assert!(!mem.get(s1).await.unwrap().summary.unwrap().stale);
+}

@@ -81,6 +81,15 @@ pub enum StoreError {
         /// The summary's thread.
         summary_thread: String,
     },
+    /// A memory cannot supersede this one: it is a summary, already superseded, or the
+    /// memory itself.
+    #[error("memory {id} cannot be superseded: {reason}")]
+    CannotSupersede {
+        /// The earlier memory.
+        id: MemoryId,
+        /// Why.
+        reason: &'static str,
+    },
     /// The database was written by a newer Cairn.
     #[error("the database format version is {found}, newer than the {supported} this build reads; upgrade Cairn")]
     FormatTooNew {

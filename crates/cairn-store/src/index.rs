@@ -30,6 +30,29 @@ pub(crate) struct Attr {
     pub created_at: i64,
     /// Interned thread; 0 = no thread.
     pub thread: u32,
+    /// Expiry (microseconds); `i64::MAX` when none.
+    pub expires: i64,
+    /// Since when the fact holds (microseconds): its time unless given.
+    pub valid_from: i64,
+    /// Until when it holds (microseconds); `i64::MAX` while it still does.
+    pub valid_to: i64,
+}
+
+impl Attr {
+    /// Whether the entry may be hidden by time (an expiry or an end of validity).
+    pub fn timed(&self) -> bool {
+        self.expires != i64::MAX || self.valid_to != i64::MAX
+    }
+
+    /// Whether a read at `now` sees it: not expired, and current (or, with `as_of`, valid
+    /// then; with `history`, any version).
+    pub fn visible(&self, now: i64, as_of: Option<i64>, history: bool) -> bool {
+        self.expires > now
+            && match as_of {
+                Some(t) => self.valid_from <= t && self.valid_to > t,
+                None => history || self.valid_to > now,
+            }
+    }
 }
 
 /// Which live entries a filtered search admits, by vid and attributes.
@@ -43,6 +66,8 @@ pub(crate) struct Attrs {
     thread_counts: HashMap<u32, usize>,
     kind_counts: HashMap<MemoryKind, usize>,
     thread_kind_counts: HashMap<(u32, MemoryKind), usize>,
+    /// Live entries that time may hide ([`Attr::timed`]).
+    pub timed: usize,
 }
 
 impl Attrs {
@@ -69,6 +94,9 @@ impl Attrs {
             self.forget_counts(&old);
         }
         *self.thread_counts.entry(attr.thread).or_default() += 1;
+        if attr.timed() {
+            self.timed += 1;
+        }
         *self.kind_counts.entry(attr.kind).or_default() += 1;
         *self
             .thread_kind_counts
@@ -77,6 +105,9 @@ impl Attrs {
     }
 
     fn forget_counts(&mut self, a: &Attr) {
+        if a.timed() {
+            self.timed = self.timed.saturating_sub(1);
+        }
         if let Some(c) = self.thread_counts.get_mut(&a.thread) {
             *c = c.saturating_sub(1);
         }

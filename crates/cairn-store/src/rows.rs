@@ -13,7 +13,8 @@ use crate::{Result, StoreError};
 
 /// Columns read for a memory, in the order [`decode`] expects (alias `m`).
 pub(crate) const COLS: &str = "m.rid, m.id, m.kind, m.thread_id, m.role, m.content, m.created_at, \
-     m.metadata, m.level, m.summary_type, m.time_start, m.time_end, m.source_count, m.stale";
+     m.metadata, m.level, m.summary_type, m.time_start, m.time_end, m.source_count, m.stale, \
+     m.expires_at, m.valid_from, m.valid_to, (SELECT o.id FROM memories o WHERE o.rid = m.supersedes)";
 
 /// A decoded row plus its rowid (summary sources are attached afterwards).
 pub(crate) struct RawRow {
@@ -88,6 +89,12 @@ pub(crate) fn decode(r: &Row<'_>) -> rusqlite::Result<RawRow> {
             metadata,
             level,
             summary,
+            lifetime: cairn_core::Lifetime {
+                expires_at: r.get::<_, Option<i64>>(14)?.map(from_micros),
+                valid_from: r.get::<_, Option<i64>>(15)?.map(from_micros),
+                valid_to: r.get::<_, Option<i64>>(16)?.map(from_micros),
+                supersedes: r.get::<_, Option<[u8; 16]>>(17)?.map(MemoryId::from_bytes),
+            },
         },
     })
 }
@@ -495,6 +502,13 @@ pub struct Filter {
     /// Only memories whose metadata meets every one of these conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub metadata: Vec<MetaFilter>,
+    /// The facts that held at this time (their `valid_from` at or before it, their
+    /// `valid_to` after it) instead of the current ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<DateTime<Utc>>,
+    /// Superseded facts too (every version), not only the current ones.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history: bool,
 }
 
 impl Filter {
@@ -532,6 +546,18 @@ impl Filter {
     pub fn between(mut self, after: DateTime<Utc>, before: DateTime<Utc>) -> Self {
         self.after = Some(after);
         self.before = Some(before);
+        self
+    }
+
+    /// The facts that held at `t` instead of the current ones.
+    pub fn as_of(mut self, t: DateTime<Utc>) -> Self {
+        self.as_of = Some(t);
+        self
+    }
+
+    /// Every version of superseded facts too.
+    pub fn with_history(mut self) -> Self {
+        self.history = true;
         self
     }
 
@@ -582,10 +608,22 @@ impl Filter {
         Ok(())
     }
 
-    /// SQL conditions over alias `m` (each starting with " AND "), with their parameters.
-    pub(crate) fn sql(&self) -> (String, Vec<Value>) {
-        let mut sql = String::new();
-        let mut args = Vec::new();
+    /// SQL conditions over alias `m` (each starting with " AND "), with their parameters:
+    /// what the filter admits among the memories visible at `now` (microseconds): not
+    /// expired and, unless `history` or `as_of` says otherwise, not superseded.
+    pub(crate) fn sql_at(&self, now: i64) -> (String, Vec<Value>) {
+        let mut sql = String::from(" AND (m.expires_at IS NULL OR m.expires_at > ?)");
+        let mut args = vec![Value::Integer(now)];
+        if let Some(t) = self.as_of {
+            sql.push_str(
+                " AND COALESCE(m.valid_from, m.created_at) <= ? AND (m.valid_to IS NULL OR m.valid_to > ?)",
+            );
+            args.push(Value::Integer(to_micros(t)));
+            args.push(Value::Integer(to_micros(t)));
+        } else if !self.history {
+            sql.push_str(" AND (m.valid_to IS NULL OR m.valid_to > ?)");
+            args.push(Value::Integer(now));
+        }
         if !self.kinds.is_empty() {
             sql.push_str(" AND m.kind IN (");
             for (i, k) in self.kinds.iter().enumerate() {

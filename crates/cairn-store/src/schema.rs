@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -110,6 +110,17 @@ INSERT OR REPLACE INTO store_meta (key, value)
     // on long threads.
     r#"
 CREATE INDEX memories_thread_kind_level ON memories (thread_id, kind, level, created_at, vid);
+"#,
+    // 8: lifetimes. `expires_at` hides a memory from reads from then on (consolidation deletes
+    // it); `valid_from` / `valid_to` bound when a fact held (NULL: from its time / still);
+    // `supersedes` is the rowid of the earlier fact a memory replaced.
+    r#"
+ALTER TABLE memories ADD COLUMN expires_at INTEGER;
+ALTER TABLE memories ADD COLUMN valid_from INTEGER;
+ALTER TABLE memories ADD COLUMN valid_to INTEGER;
+ALTER TABLE memories ADD COLUMN supersedes INTEGER;
+CREATE INDEX memories_expires ON memories (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX memories_supersedes ON memories (supersedes) WHERE supersedes IS NOT NULL;
 "#,
 ];
 

@@ -337,31 +337,55 @@ fn not_a_db(path: &Path, e: StoreError) -> StoreError {
 }
 
 fn live_rows(conn: &Connection, index: &VectorIndex) -> Result<Vec<(usize, Attr)>> {
-    let mut stmt = conn.prepare("SELECT vid, kind, level, created_at, thread_id FROM memories")?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, u32>(2)?,
-            r.get::<_, i64>(3)?,
-            r.get::<_, Option<String>>(4)?,
-        ))
-    })?;
+    let mut stmt = conn.prepare(&format!("SELECT vid, {ATTR_COLS} FROM memories"))?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, AttrRow::read(r, 1)?)))?;
     let mut out = Vec::new();
     for row in rows {
-        let (vid, kind, level, created_at, thread) = row?;
-        let kind: MemoryKind = kind.parse()?;
-        out.push((
-            vid_usize(vid),
-            Attr {
-                kind,
-                level,
-                created_at,
-                thread: index.intern(thread.as_deref()),
-            },
-        ));
+        let (vid, a) = row?;
+        out.push((vid_usize(vid), a.attr(index)?));
     }
     Ok(out)
+}
+
+/// The columns an index attribute is read from, in [`AttrRow::read`]'s order.
+const ATTR_COLS: &str = "kind, level, created_at, thread_id, expires_at, valid_from, valid_to";
+
+/// An index attribute as read from its row.
+struct AttrRow {
+    kind: String,
+    level: u32,
+    created_at: i64,
+    thread: Option<String>,
+    expires: Option<i64>,
+    valid_from: Option<i64>,
+    valid_to: Option<i64>,
+}
+
+impl AttrRow {
+    /// Reads [`ATTR_COLS`] starting at column `at`.
+    fn read(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Self> {
+        Ok(Self {
+            kind: r.get(at)?,
+            level: r.get(at + 1)?,
+            created_at: r.get(at + 2)?,
+            thread: r.get(at + 3)?,
+            expires: r.get(at + 4)?,
+            valid_from: r.get(at + 5)?,
+            valid_to: r.get(at + 6)?,
+        })
+    }
+
+    fn attr(self, index: &VectorIndex) -> Result<Attr> {
+        Ok(Attr {
+            kind: self.kind.parse()?,
+            level: self.level,
+            created_at: self.created_at,
+            thread: index.intern(self.thread.as_deref()),
+            expires: self.expires.unwrap_or(i64::MAX),
+            valid_from: self.valid_from.unwrap_or(self.created_at),
+            valid_to: self.valid_to.unwrap_or(i64::MAX),
+        })
+    }
 }
 
 fn vid_usize(vid: i64) -> usize {
@@ -472,6 +496,11 @@ impl Store {
                 readers: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// The store clock's now, in microseconds (what reads hide expired memories by).
+    fn now_us(&self) -> i64 {
+        to_micros(self.inner.shared.options.clock.now())
     }
 
     /// The file this store lives in.
@@ -649,6 +678,7 @@ impl Store {
                 metadata: m.metadata,
                 level: 0,
                 summary: None,
+                lifetime: m.lifetime,
             };
             prepared.push((unit, self.prepare_vector(v)?, timed));
         }
@@ -657,16 +687,22 @@ impl Store {
             let mut out = Vec::with_capacity(prepared.len());
             let mut fresh = Vec::with_capacity(prepared.len());
             let mut vids = Vec::with_capacity(prepared.len());
+            let mut ended = Vec::new();
             for (unit, v, timed) in prepared {
                 if let Some(stored) = already_stored(&tx, &unit, timed)? {
                     out.push(stored);
                     continue;
+                }
+                if let Some(old) = unit.lifetime.supersedes {
+                    let until = unit.lifetime.valid_from.unwrap_or(unit.created_at);
+                    ended.push(supersede(&tx, shared, old, unit.id, until)?);
                 }
                 vids.push(insert_row(&tx, shared, &unit, &v)?.0);
                 out.push(unit.clone());
                 fresh.push((unit, v));
             }
             tx.commit()?;
+            reattr_all(conn, shared, &ended);
             index_committed(conn, shared, &fresh, &vids);
             Ok(out)
         })
@@ -700,7 +736,7 @@ impl Store {
     /// was there when the listing started, whatever is written or deleted meanwhile.
     pub fn page(&self, filter: &Filter, cursor: Option<Cursor>, limit: usize) -> Result<Page> {
         filter.validate()?;
-        let (mut cond, mut args) = filter.sql();
+        let (mut cond, mut args) = filter.sql_at(self.now_us());
         if let Some(c) = cursor {
             cond.push_str(" AND (m.created_at > ? OR (m.created_at = ? AND m.rid > ?))");
             args.push(Value::Integer(c.created_at));
@@ -836,6 +872,7 @@ impl Store {
                     level,
                     stale: false,
                 }),
+                lifetime: cairn_core::Lifetime::default(),
             };
             let (vid, rid) = insert_row(&tx, shared, &unit, &v)?;
             let mut link = tx.prepare_cached(
@@ -1011,6 +1048,116 @@ impl Store {
             // The summaries above no longer cover everything under them.
             let above: Vec<i64> = ancestors.iter().copied().collect();
             mark_stale(&tx, &above)?;
+            let relevelled = refresh_summaries(&tx, &changed)?;
+            log_vids(&tx, shared, relevelled.iter().map(|(vid, _)| *vid))?;
+            let unit = rows::get_unit(&tx, summary)?;
+            tx.commit()?;
+            reattr_all(conn, shared, &relevelled);
+            Ok(unit)
+        })
+    }
+
+    /// Raw memories admitted by `filter` (of a thread) that no level-1 summary cites but
+    /// whose time lies inside the span of one of their thread's level-1 conversation
+    /// summaries (not a moving summary): turns that arrived late, dated inside a stretch
+    /// already summarized. Each with that summary (the earliest such), oldest first.
+    pub fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
+        filter.validate()?;
+        let (cond, args) = filter.sql_at(self.now_us());
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT m.id, (SELECT s.id FROM memories s
+                    WHERE s.thread_id = m.thread_id AND s.kind = 'summary' AND s.level = 1
+                      AND s.summary_type = 'conversation'
+                      AND s.time_start <= m.created_at AND s.time_end >= m.created_at
+                      AND NOT EXISTS (SELECT 1 FROM summary_sources x
+                          WHERE (x.summary = s.rid OR x.source = s.rid) AND x.continues = 1)
+                    ORDER BY s.time_start, s.rid LIMIT 1)
+                 FROM memories m
+                 WHERE m.thread_id IS NOT NULL AND m.level = 0{cond}
+                   AND NOT EXISTS (SELECT 1 FROM summary_sources l
+                       JOIN memories p ON p.rid = l.summary
+                       WHERE l.source = m.rid AND p.level = 1)
+                 ORDER BY m.created_at, m.rid"
+            ))?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                Ok((r.get::<_, [u8; 16]>(0)?, r.get::<_, Option<[u8; 16]>>(1)?))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                if let (m, Some(s)) = row? {
+                    out.push((MemoryId::from_bytes(m), MemoryId::from_bytes(s)));
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// Adds `source` to `summary` at its place in time (sources stay ordered by time), and
+    /// marks the summary and every summary above it stale: a turn that arrived late joins
+    /// the chunk of its time, and the next refresh rewrites the summary with it. The rules
+    /// of [`Self::add_summary`] apply (same thread, no cycle, no repeat).
+    pub fn place_source(&self, summary: MemoryId, source: MemoryId) -> Result<MemoryUnit> {
+        self.write(move |conn, shared| {
+            let tx = begin(conn)?;
+            let rid = summary_rid(&tx, summary)?;
+            let summary_thread: Option<String> = tx.query_row(
+                "SELECT thread_id FROM memories WHERE rid = ?1",
+                params![rid],
+                |r| r.get(0),
+            )?;
+            if source == summary {
+                return Err(StoreError::SelfReference { id: summary });
+            }
+            let facts = source_facts(&tx, source)?;
+            check_thread(&tx, summary_thread.as_deref(), source, &facts)?;
+            let ancestors = ancestor_rids(&tx, rid)?;
+            if ancestors.contains(&facts.rid) {
+                return Err(StoreError::Cycle {
+                    summary,
+                    ancestor: source,
+                });
+            }
+            // (source rid, continues, time) of every link, the new one included, by time.
+            let mut links: Vec<(i64, i64, i64, i64)> = {
+                let mut stmt = tx.prepare_cached(
+                    "SELECT l.source, l.continues, m.created_at, l.position FROM summary_sources l
+                     JOIN memories m ON m.rid = l.source WHERE l.summary = ?1",
+                )?;
+                let rows = stmt.query_map(params![rid], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                })?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            if links.iter().any(|l| l.0 == facts.rid) {
+                return Err(StoreError::DuplicateSource { id: source });
+            }
+            links.sort_by_key(|l| l.3);
+            let created: i64 = tx.query_row(
+                "SELECT created_at FROM memories WHERE rid = ?1",
+                params![facts.rid],
+                |r| r.get(0),
+            )?;
+            // After every source at or before its time (the order of the rest is kept).
+            let at = links
+                .iter()
+                .rposition(|l| l.2 <= created)
+                .map_or(0, |i| i + 1);
+            links.insert(at, (facts.rid, 0, created, 0));
+            tx.execute(
+                "DELETE FROM summary_sources WHERE summary = ?1",
+                params![rid],
+            )?;
+            for (pos, (src, continues, _, _)) in (0_i64..).zip(&links) {
+                tx.execute(
+                    "INSERT INTO summary_sources (summary, source, position, continues)
+                     VALUES (?1, ?2, ?3, ?4)",
+                    params![rid, src, pos, continues],
+                )?;
+            }
+            let mut changed = vec![rid];
+            changed.extend(ancestors.iter().copied());
+            mark_stale(&tx, &changed)?;
             let relevelled = refresh_summaries(&tx, &changed)?;
             log_vids(&tx, shared, relevelled.iter().map(|(vid, _)| *vid))?;
             let unit = rows::get_unit(&tx, summary)?;
@@ -1209,6 +1356,29 @@ impl Store {
                     "DELETE FROM summary_sources WHERE summary = ?1 OR source = ?1",
                     params![r],
                 )?;
+                // The version a deleted memory superseded is current again; a later version
+                // loses its link to it.
+                let older: Option<i64> = tx.query_row(
+                    "SELECT supersedes FROM memories WHERE rid = ?1",
+                    params![r],
+                    |x| x.get(0),
+                )?;
+                if let Some(o) = older.filter(|o| !doomed_set.contains(o)) {
+                    if let Some((vid, level)) = tx
+                        .query_row(
+                            "UPDATE memories SET valid_to = NULL WHERE rid = ?1 RETURNING vid, level",
+                            params![o],
+                            |x| Ok((x.get::<_, i64>(0)?, x.get::<_, u32>(1)?)),
+                        )
+                        .optional()?
+                    {
+                        relevelled.push((vid_usize(vid), level));
+                    }
+                }
+                tx.execute(
+                    "UPDATE memories SET supersedes = NULL WHERE supersedes = ?1",
+                    params![r],
+                )?;
             }
             for r in &doomed {
                 let (mid, vid, content): ([u8; 16], i64, String) = tx.query_row(
@@ -1294,7 +1464,7 @@ impl Store {
     /// metadata holds under `"speaker"`, if any), oldest first (ties by insertion).
     pub fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
         filter.validate()?;
-        let (cond, args) = filter.sql();
+        let (cond, args) = filter.sql_at(self.now_us());
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT {TIMELINE_COLS} FROM memories m WHERE 1 = 1{cond} \
@@ -1331,7 +1501,7 @@ impl Store {
     /// The newest `limit` memories admitted by `filter`, returned oldest first.
     pub fn recent(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql();
+        let (cond, mut args) = filter.sql_at(self.now_us());
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         let mut out = self.read(|c| {
             query_units(
@@ -1349,7 +1519,7 @@ impl Store {
     /// statistics over its text.
     pub fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
         filter.validate()?;
-        let (cond, args) = filter.sql();
+        let (cond, args) = filter.sql_at(self.now_us());
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT m.content, json_extract(m.metadata, '$.speaker') FROM memories m \
@@ -1367,7 +1537,7 @@ impl Store {
     /// Every memory admitted by `filter`, oldest first (`limit` rows from `offset`).
     pub fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql();
+        let (cond, mut args) = filter.sql_at(self.now_us());
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         args.push(Value::Integer(i64::try_from(offset).unwrap_or(i64::MAX)));
         self.read(|c| {
@@ -1384,7 +1554,7 @@ impl Store {
     /// before the summary. At most `limit`.
     pub fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql();
+        let (cond, mut args) = filter.sql_at(self.now_us());
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         self.read(|c| {
             query_units(
@@ -1395,6 +1565,46 @@ impl Store {
                 ),
                 &args,
             )
+        })
+    }
+
+    /// Every version of the fact `id` belongs to: the memories it supersedes, back to the
+    /// first, and those that supersede it, oldest first (by `valid_from`). `NotFound` for an
+    /// unknown id.
+    pub fn versions(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.read(|c| {
+            rows::rid_of(c, id)?;
+            query_units(
+                c,
+                "WHERE m.rid IN (WITH RECURSIVE
+                    back(rid) AS (SELECT rid FROM memories WHERE id = ?1
+                        UNION SELECT o.supersedes FROM memories o JOIN back b ON o.rid = b.rid
+                        WHERE o.supersedes IS NOT NULL),
+                    fwd(rid) AS (SELECT rid FROM memories WHERE id = ?1
+                        UNION SELECT o.rid FROM memories o JOIN fwd f ON o.supersedes = f.rid)
+                    SELECT rid FROM back UNION SELECT rid FROM fwd)
+                 ORDER BY COALESCE(m.valid_from, m.created_at), m.rid",
+                &[Value::Blob(id.as_bytes().to_vec())],
+            )
+        })
+    }
+
+    /// Up to `limit` memories whose expiry has passed (by the store clock), oldest expiry
+    /// first: what consolidation deletes.
+    pub fn expired(&self, limit: usize) -> Result<Vec<MemoryId>> {
+        let now = self.now_us();
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT id FROM memories WHERE expires_at IS NOT NULL AND expires_at <= ?1
+                 ORDER BY expires_at LIMIT ?2",
+            )?;
+            let ids = stmt
+                .query_map(
+                    params![now, i64::try_from(limit).unwrap_or(i64::MAX)],
+                    |r| r.get::<_, [u8; 16]>(0).map(MemoryId::from_bytes),
+                )?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(ids)
         })
     }
 
@@ -1422,7 +1632,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql();
+        let (cond, mut args) = filter.sql_at(self.now_us());
         args.push(Value::Integer(i64::from(parent_level)));
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         self.read(|c| {
@@ -1596,7 +1806,7 @@ impl Store {
         let meta_vids: Option<HashSet<usize>> = if filter.metadata.is_empty() {
             None
         } else {
-            let (cond, args) = filter.sql();
+            let (cond, args) = filter.sql_at(self.now_us());
             Some(self.read(|c| {
                 let mut stmt =
                     c.prepare(&format!("SELECT m.vid FROM memories m WHERE 1 = 1{cond}"))?;
@@ -1610,7 +1820,7 @@ impl Store {
                 Ok(out)
             })?)
         };
-        let (admitted, thread_key, live) = {
+        let (admitted, thread_key, live, timed) = {
             let attrs = shared.index.attrs();
             let thread_key = match &filter.thread {
                 Some(t) => match attrs.thread_key(t.as_str()) {
@@ -1631,7 +1841,7 @@ impl Store {
             if let Some(m) = &meta_vids {
                 n = n.min(m.len());
             }
-            (n, thread_key, attrs.map.len())
+            (n, thread_key, attrs.map.len(), attrs.timed)
         };
         if admitted == 0 {
             return Ok(Vec::new());
@@ -1644,14 +1854,17 @@ impl Store {
         // a 158-point graph whose search for a stored vector, ef 2,000, did not return it).
         let found = if few {
             self.exact_scan(&q, k, filter)?
-        } else if filter.is_empty() {
+        } else if filter.is_empty() && timed == 0 {
             shared.index.search(&q, k, ef, None)
         } else {
+            let now = self.now_us();
+            let (as_of, history) = (filter.as_of.map(to_micros), filter.history);
             let kinds = filter.kinds.clone();
             let (min_l, max_l) = (filter.min_level, filter.max_level);
             let (after, before) = (filter.after.map(to_micros), filter.before.map(to_micros));
             let admit = move |vid: usize, a: &Attr| {
-                meta_vids.as_ref().is_none_or(|m| m.contains(&vid))
+                a.visible(now, as_of, history)
+                    && meta_vids.as_ref().is_none_or(|m| m.contains(&vid))
                     && thread_key.is_none_or(|t| a.thread == t)
                     && (kinds.is_empty() || kinds.contains(&a.kind))
                     && min_l.is_none_or(|l| a.level >= l)
@@ -1670,7 +1883,7 @@ impl Store {
     }
 
     fn exact_scan(&self, q: &[f32], k: usize, filter: &Filter) -> Result<Vec<(usize, f32)>> {
-        let (cond, args) = filter.sql();
+        let (cond, args) = filter.sql_at(self.now_us());
         // The admitted rows' vids from SQLite, scored on the index's vectors; rows the index
         // does not hold yet (committed a moment ago) send the scan to the stored embeddings.
         let vids = self.read(|c| {
@@ -1763,7 +1976,7 @@ impl Store {
         if k == 0 {
             return Ok(Vec::new());
         }
-        self.read(|c| keyword_ids(c, fts, k, filter))
+        self.read(|c| keyword_ids(c, fts, k, filter, self.now_us()))
     }
 
     /// The stored embedding of a memory.
@@ -1944,6 +2157,7 @@ fn snap_exists(dir: &Path) -> bool {
 }
 
 fn attr_of(shared: &Shared, u: &MemoryUnit) -> Attr {
+    let l = &u.lifetime;
     Attr {
         kind: u.kind,
         level: u.level,
@@ -1951,6 +2165,9 @@ fn attr_of(shared: &Shared, u: &MemoryUnit) -> Attr {
         thread: shared
             .index
             .intern(u.thread_id.as_ref().map(ThreadId::as_str)),
+        expires: l.expires_at.map_or(i64::MAX, to_micros),
+        valid_from: to_micros(l.valid_from.unwrap_or(u.created_at)),
+        valid_to: l.valid_to.map_or(i64::MAX, to_micros),
     }
 }
 
@@ -2002,8 +2219,10 @@ fn insert_row(
     let s = u.summary.as_ref();
     tx.prepare_cached(
         "INSERT INTO memories (id, vid, kind, thread_id, role, content, created_at, metadata, level,
-            summary_type, time_start, time_end, source_count, stale, model_id, embedding, rid)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 0, ?14, ?15, ?16)",
+            summary_type, time_start, time_end, source_count, stale, model_id, embedding, rid,
+            expires_at, valid_from, valid_to, supersedes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 0, ?14, ?15, ?16,
+            ?17, ?18, ?19, (SELECT o.rid FROM memories o WHERE o.id = ?20))",
     )?
     .execute(params![
         u.id.as_bytes(),
@@ -2022,6 +2241,10 @@ fn insert_row(
         shared.options.model_id,
         encode_vector(v),
         rid,
+        u.lifetime.expires_at.map(to_micros),
+        u.lifetime.valid_from.map(to_micros),
+        u.lifetime.valid_to.map(to_micros),
+        u.lifetime.supersedes.map(|o| o.as_bytes().to_vec()),
     ])?;
     tx.prepare_cached("INSERT INTO memories_fts (rowid, content) VALUES (?1, ?2)")?
         .execute(params![rid, u.content])?;
@@ -2051,6 +2274,49 @@ fn already_stored(tx: &Transaction<'_>, u: &MemoryUnit, timed: bool) -> Result<O
     } else {
         Err(StoreError::DuplicateId { id: u.id })
     }
+}
+
+/// Ends the validity of `old` at `until` because `new` supersedes it; returns its (vid,
+/// level) for the index to re-read.
+fn supersede(
+    tx: &Transaction<'_>,
+    shared: &Shared,
+    old: MemoryId,
+    new: MemoryId,
+    until: DateTime<Utc>,
+) -> Result<(usize, u32)> {
+    if old == new {
+        return Err(StoreError::CannotSupersede {
+            id: old,
+            reason: "a memory cannot supersede itself",
+        });
+    }
+    let (vid, kind, level, valid_to): (i64, String, u32, Option<i64>) = tx
+        .query_row(
+            "SELECT vid, kind, level, valid_to FROM memories WHERE id = ?1",
+            params![old.as_bytes()],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?
+        .ok_or(StoreError::NotFound { id: old })?;
+    if kind == MemoryKind::Summary.as_str() {
+        return Err(StoreError::CannotSupersede {
+            id: old,
+            reason: "it is a summary",
+        });
+    }
+    if valid_to.is_some() {
+        return Err(StoreError::CannotSupersede {
+            id: old,
+            reason: "it is no longer current (supersede the current version)",
+        });
+    }
+    tx.execute(
+        "UPDATE memories SET valid_to = ?2 WHERE id = ?1",
+        params![old.as_bytes(), to_micros(until)],
+    )?;
+    log_vids(tx, shared, [vid_usize(vid)])?;
+    Ok((vid_usize(vid), level))
 }
 
 /// RFC 7386 JSON merge patch of an object.
@@ -2179,31 +2445,18 @@ fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
 /// Sets the index entries of `vids` to what their rows hold now: inserted (vector read from
 /// SQLite) or re-attributed when the row exists, removed when it does not.
 fn apply_vids(conn: &Connection, index: &VectorIndex, vids: &[usize]) -> Result<()> {
-    let mut stmt = conn
-        .prepare_cached("SELECT kind, level, created_at, thread_id FROM memories WHERE vid = ?1")?;
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {ATTR_COLS} FROM memories WHERE vid = ?1"))?;
     let mut live = Vec::new();
     let mut gone = Vec::new();
     for vid in vids {
         let row = stmt
             .query_row(params![i64::try_from(*vid).unwrap_or(i64::MAX)], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, u32>(1)?,
-                    r.get::<_, i64>(2)?,
-                    r.get::<_, Option<String>>(3)?,
-                ))
+                AttrRow::read(r, 0)
             })
             .optional()?;
         match row {
-            Some((kind, level, created_at, thread)) => live.push((
-                *vid,
-                Attr {
-                    kind: kind.parse()?,
-                    level,
-                    created_at,
-                    thread: index.intern(thread.as_deref()),
-                },
-            )),
+            Some(a) => live.push((*vid, a.attr(index)?)),
             None => gone.push(*vid),
         }
     }
@@ -2361,8 +2614,14 @@ fn text_or_none(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Option<St
 
 /// The `k` memories admitted by `filter` that best match the FTS5 query `fts` by BM25, as
 /// (index id, negated BM25), best first.
-fn keyword_ids(c: &Connection, fts: String, k: usize, filter: &Filter) -> Result<Vec<(u64, f32)>> {
-    let (cond, cargs) = filter.sql();
+fn keyword_ids(
+    c: &Connection,
+    fts: String,
+    k: usize,
+    filter: &Filter,
+    now: i64,
+) -> Result<Vec<(u64, f32)>> {
+    let (cond, cargs) = filter.sql_at(now);
     let mut args = vec![Value::Text(fts)];
     args.extend(cargs);
     args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));
@@ -2500,20 +2759,13 @@ fn reattr_all(conn: &Connection, shared: &Shared, relevelled: &[(usize, u32)]) {
 }
 
 fn reattr(conn: &Connection, shared: &Shared, vid: usize, level: u32) -> Result<()> {
-    let (kind, created_at, thread): (String, i64, Option<String>) = conn.query_row(
-        "SELECT kind, created_at, thread_id FROM memories WHERE vid = ?1",
+    let mut a = conn.query_row(
+        &format!("SELECT {ATTR_COLS} FROM memories WHERE vid = ?1"),
         params![i64::try_from(vid).unwrap_or(i64::MAX)],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        |r| AttrRow::read(r, 0),
     )?;
-    shared.index.set_attr(
-        vid,
-        Attr {
-            kind: kind.parse()?,
-            level,
-            created_at,
-            thread: shared.index.intern(thread.as_deref()),
-        },
-    );
+    a.level = level;
+    shared.index.set_attr(vid, a.attr(&shared.index)?);
     Ok(())
 }
 
