@@ -91,6 +91,23 @@ enum Command {
         /// metadata replaced).
         #[arg(long, requires = "key")]
         upsert: bool,
+        /// Hidden from reads after this long (90s, 30m, 2h, 7d) and deleted by the next
+        /// consolidation.
+        #[arg(long, value_name = "DURATION")]
+        ttl: Option<String>,
+        /// This memory replaces an earlier fact (ID): reads return this one; the earlier
+        /// one stays as history (`cairn history ID`, `search --history`, `--as-of`).
+        #[arg(long, value_name = "ID")]
+        supersedes: Option<String>,
+        /// Since when the fact holds (RFC 3339; default: now).
+        #[arg(long, value_name = "TIME")]
+        valid_from: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every version of a fact (what it superseded and what superseded it), oldest first.
+    History {
+        id: String,
         #[arg(long)]
         json: bool,
     },
@@ -170,6 +187,15 @@ enum Command {
         /// Metadata condition (repeatable; see `list`).
         #[arg(long = "where", value_name = "COND")]
         conditions: Vec<String>,
+        /// The facts that held at this time (RFC 3339), not the current ones.
+        #[arg(long, value_name = "TIME")]
+        as_of: Option<String>,
+        /// Superseded facts too.
+        #[arg(long)]
+        history: bool,
+        /// Recency decay: scores halve every DURATION of age (30d, 12h).
+        #[arg(long, value_name = "DURATION")]
+        half_life: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -389,6 +415,13 @@ fn conditions(c: &[String]) -> Result<Vec<cairn_harness::MetaFilter>> {
         .collect()
 }
 
+/// An RFC 3339 time given on the command line.
+fn time(t: &str, flag: &str) -> Result<chrono::DateTime<chrono::Utc>> {
+    Ok(chrono::DateTime::parse_from_rfc3339(t)
+        .with_context(|| format!("{flag}: {t:?} is not an RFC 3339 time"))?
+        .with_timezone(&chrono::Utc))
+}
+
 /// A JSON object given on the command line.
 fn json_object(j: &str, flag: &str) -> Result<cairn_core::Metadata> {
     serde_json::from_str(j).with_context(|| format!("{flag}: expected a JSON object, got {j}"))
@@ -606,10 +639,22 @@ async fn run(mut cli: Cli) -> Result<()> {
             meta,
             key,
             upsert,
+            ttl,
+            supersedes,
+            valid_from,
             json,
         } => {
             let kind: MemoryKind = kind.parse()?;
             let mut m = NewMemory::new(kind, content);
+            if let Some(t) = &ttl {
+                let d = chrono::Duration::from_std(duration(t)?).context("--ttl is too long")?;
+                m.lifetime.expires_at = Some(chrono::Utc::now() + d);
+            }
+            m.lifetime.supersedes = supersedes.as_deref().map(id).transpose()?;
+            m.lifetime.valid_from = valid_from
+                .as_deref()
+                .map(|t| time(t, "--valid-from"))
+                .transpose()?;
             m.thread_id = t.as_deref().map(thread).transpose()?;
             m.role = role.as_deref().map(str::parse::<Role>).transpose()?;
             if let Some(j) = &meta {
@@ -632,6 +677,26 @@ async fn run(mut cli: Cli) -> Result<()> {
                 print_json(&mem.get(new).await?)?;
             } else {
                 println!("{new}");
+            }
+        }
+        Command::History { id: i, json } => {
+            let mem = open(&cli.db).await?;
+            let versions = mem.history(id(&i)?).await?;
+            if json {
+                print_json(&versions)?;
+            } else {
+                for m in &versions {
+                    let l = &m.lifetime;
+                    println!(
+                        "{}  {} .. {}",
+                        line(m),
+                        l.valid_from
+                            .unwrap_or(m.created_at)
+                            .format("%Y-%m-%d %H:%M"),
+                        l.valid_to
+                            .map_or("now".to_owned(), |t| t.format("%Y-%m-%d %H:%M").to_string())
+                    );
+                }
             }
         }
         Command::List {
@@ -752,10 +817,16 @@ async fn run(mut cli: Cli) -> Result<()> {
             k,
             mode,
             conditions: c,
+            as_of,
+            history,
+            half_life,
             json,
         } => {
             let mut opts = SearchOptions::all().mode(mode.parse::<SearchMode>()?);
             opts.filter.metadata = conditions(&c)?;
+            opts.filter.as_of = as_of.as_deref().map(|t| time(t, "--as-of")).transpose()?;
+            opts.filter.history = history;
+            opts.half_life = half_life.as_deref().map(duration).transpose()?;
             opts.filter.kinds = kind
                 .iter()
                 .map(|k| k.parse::<MemoryKind>())

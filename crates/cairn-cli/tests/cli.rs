@@ -472,6 +472,49 @@ fn keys_filters_paging_and_forget() {
         assert!(o.stdout.is_empty());
     }
     assert_eq!(json(&cairn(&db, &["stats", "--json"]))["store"]["total"], 1);
+    // A superseded fact: hidden by default, kept as history.
+    let v1 = ok(&cairn(&db, &["add", "The office is on Main Street"]))
+        .trim()
+        .to_owned();
+    let v2 = ok(&cairn(
+        &db,
+        &["add", "The office is on Harbour Road", "--supersedes", &v1],
+    ))
+    .trim()
+    .to_owned();
+    let hits = json(&cairn(
+        &db,
+        &[
+            "search",
+            "office street road",
+            "--mode",
+            "keyword",
+            "--json",
+        ],
+    ));
+    assert_eq!(hits.as_array().unwrap().len(), 1);
+    assert_eq!(hits[0]["memory"]["id"], v2.as_str());
+    let hits = json(&cairn(
+        &db,
+        &[
+            "search",
+            "office street road",
+            "--mode",
+            "keyword",
+            "--history",
+            "--json",
+        ],
+    ));
+    assert_eq!(hits.as_array().unwrap().len(), 2);
+    let versions = json(&cairn(&db, &["history", &v2, "--json"]));
+    assert_eq!(versions[0]["id"], v1.as_str());
+    assert!(versions[0]["valid_to"].is_string());
+    let t = json(&cairn(
+        &db,
+        &["add", "short-lived", "--ttl", "1h", "--json"],
+    ));
+    assert!(t["expires_at"].is_string());
+    assert!(!cairn(&db, &["add", "x", "--ttl", "soon"]).status.success());
     ok(&cairn(&db, &["forget", "--all", "--yes"]));
     assert_eq!(json(&cairn(&db, &["stats", "--json"]))["store"]["total"], 0);
 }

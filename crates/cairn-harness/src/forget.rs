@@ -252,8 +252,12 @@ impl MemoryHarness {
         Ok(report)
     }
 
-    /// The ids of every memory `filter` admits.
-    async fn collect_ids(&self, filter: Filter) -> Result<Vec<MemoryId>> {
+    /// The ids of every memory `filter` admits, superseded and expired ones included.
+    async fn collect_ids(&self, mut filter: Filter) -> Result<Vec<MemoryId>> {
+        if filter.as_of.is_none() {
+            filter.history = true;
+        }
+        filter.expired = true;
         let mut ids = Vec::new();
         let mut cursor = None;
         loop {

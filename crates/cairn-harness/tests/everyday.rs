@@ -782,6 +782,19 @@ async fn superseded_facts_keep_their_history() {
     mem.delete(bergen).await.unwrap();
     assert_eq!(address(Filter::all()).await, HashSet::from([oslo]));
     assert_eq!(mem.get(oslo).await.unwrap().lifetime.valid_to, None);
+    // Forgetting everything reaches superseded and expired memories too.
+    mem.add(NewMemory::new(MemoryKind::Knowledge, "Lives in Tromsø").supersedes(oslo))
+        .await
+        .unwrap();
+    mem.add(
+        NewMemory::new(MemoryKind::Knowledge, "gone soon").expires_at(now() + Duration::minutes(1)),
+    )
+    .await
+    .unwrap();
+    clock.advance(Duration::minutes(2));
+    let r = mem.forget(Forget::Everything).await.unwrap();
+    assert_eq!(r.deleted.len(), 3);
+    assert_eq!(mem.stats().await.unwrap().store.total, 0);
 }
 
 /// Recency decay ranks the newer of two equally matching memories first; without it, the

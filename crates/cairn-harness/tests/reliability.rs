@@ -1549,13 +1549,14 @@ fn threads_never_leak_into_each_other() {
 #[test]
 fn sql_is_built_with_parameters_only() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    // `marks` is `?, ?, …` (placeholders only), `extra` and `TIMELINE_COLS` literal column
+    // `marks` is `?, ?, …` (placeholders only), `extra`, `TIMELINE_COLS` and `ATTR_COLS` literal column
     // lists, `order` one of two literal ORDER BY lists.
     let allowed = [
         "cond",
         "cols",
         "COLS",
         "TIMELINE_COLS",
+        "ATTR_COLS",
         "where_order",
         "marks",
         "extra",

@@ -51,7 +51,8 @@ impl From<HarnessError> for Failure {
             HarnessError::Embed(_) => "embedding",
             HarnessError::Store(s) => match s {
                 cairn_store::StoreError::DuplicateId { .. }
-                | cairn_store::StoreError::CitedBySummaries { .. } => "conflict",
+                | cairn_store::StoreError::CitedBySummaries { .. }
+                | cairn_store::StoreError::CannotSupersede { .. } => "conflict",
                 cairn_store::StoreError::NotASummary { .. }
                 | cairn_store::StoreError::EmptySources
                 | cairn_store::StoreError::DuplicateSource { .. }
@@ -75,6 +76,24 @@ impl From<Failure> for PyErr {
 type Out = Result<Value, Failure>;
 
 fn memory(m: &MemoryUnit) -> Value {
+    let mut v = memory_fields(m);
+    let l = &m.lifetime;
+    for (k, t) in [
+        ("expires_at", l.expires_at),
+        ("valid_from", l.valid_from),
+        ("valid_to", l.valid_to),
+    ] {
+        if let Some(t) = t {
+            v[k] = json!(t.to_rfc3339());
+        }
+    }
+    if let Some(s) = l.supersedes {
+        v["supersedes"] = json!(s.to_string());
+    }
+    v
+}
+
+fn memory_fields(m: &MemoryUnit) -> Value {
     json!({
         "id": m.id.to_string(),
         "kind": m.kind.as_str(),
@@ -214,6 +233,18 @@ fn new_memory(a: &Args) -> Result<NewMemory, Failure> {
     if let Some(s) = a.str("speaker")? {
         m.metadata.insert(SPEAKER_KEY.to_owned(), Value::String(s));
     }
+    let time = |k: &str| -> Result<Option<chrono::DateTime<chrono::Utc>>, Failure> {
+        a.str(k)?
+            .map(|t| {
+                chrono::DateTime::parse_from_rfc3339(&t)
+                    .map(|t| t.with_timezone(&chrono::Utc))
+                    .map_err(|e| Failure::invalid(format!("{k} {t:?}: {e}")))
+            })
+            .transpose()
+    };
+    m.lifetime.expires_at = time("expires_at")?;
+    m.lifetime.valid_from = time("valid_from")?;
+    m.lifetime.supersedes = a.str("supersedes")?.map(|s| parse_id(&s)).transpose()?;
     if let Some(k) = a.str("key")? {
         if k.is_empty() {
             return Err(Failure::invalid("key must not be empty"));
@@ -325,6 +356,7 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
             let s = |v: &[MemoryId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
             json!({"deleted": s(&r.deleted), "resummarized": s(&r.resummarized), "dropped": s(&r.dropped)})
         }
+        "history" => memories(&h.history(a.id("id")?).await?),
         "recent" => {
             let t = a.req("thread")?;
             let limit = a.usize("limit")?.unwrap_or(20);
@@ -362,6 +394,17 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
             o.filter.min_level = a.usize("min_level")?.map(to_u32);
             o.filter.max_level = a.usize("max_level")?.map(to_u32);
             o.filter.metadata = a.conditions("metadata")?;
+            o.filter.history = a.bool("history")?;
+            if let Some(t) = a.str("as_of")? {
+                o.filter.as_of = Some(
+                    chrono::DateTime::parse_from_rfc3339(&t)
+                        .map_err(|e| Failure::invalid(format!("as_of {t:?}: {e}")))?
+                        .with_timezone(&chrono::Utc),
+                );
+            }
+            if let Some(h) = a.str("half_life")? {
+                o.half_life = Some(duration(&h)?);
+            }
             let hits = h.search(&a.req("query")?, o).await?;
             Value::Array(
                 hits.iter()

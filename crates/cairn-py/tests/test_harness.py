@@ -481,3 +481,20 @@ def test_where_filters_paging_and_forget(harness, past):
         harness.forget()
     assert len(asyncio.run(harness.aforget(thread="g"))["deleted"]) == 4
     assert harness.stats()["store"]["total"] == 0
+
+
+def test_expiry_supersedes_history_and_decay(harness, past):
+    old = harness.add("The office is on Main Street", created_at=past(0))
+    new = harness.add("The office is on Harbour Road", created_at=past(60), supersedes=old)
+    assert [h["id"] for h in harness.search("office street road", mode="keyword")] == [new]
+    assert {h["id"] for h in harness.search("office street road", mode="keyword", history=True)} == {old, new}
+    assert [h["id"] for h in harness.search("office street road", mode="keyword", as_of=past(30))] == [old]
+    versions = harness.history(new)
+    assert [v["id"] for v in versions] == [old, new]
+    assert versions[0]["valid_to"] and versions[1]["supersedes"] == old
+    with pytest.raises(Conflict):
+        harness.add("elsewhere", supersedes=old)
+    gone = harness.add("a note that expired", expires_at=past(1))
+    assert harness.get(gone)["expires_at"]
+    assert all(h["id"] != gone for h in harness.search("note expired", mode="keyword"))
+    assert harness.search("office road", mode="keyword", half_life="30d")[0]["id"] == new

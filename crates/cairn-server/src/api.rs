@@ -40,6 +40,20 @@ pub struct AddMemory {
     /// same key with other content is a 409 (use `/v1/upsert` to change it).
     #[serde(default)]
     pub key: Option<String>,
+    /// Hidden from reads from this time on (RFC 3339), and deleted by the next
+    /// consolidation.
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    /// Hidden from reads after this long (`90s`, `30m`, `2h`, `7d`); instead of `expires_at`.
+    #[serde(default)]
+    pub ttl: Option<String>,
+    /// The id of the earlier fact this one replaces: reads return this one, the earlier
+    /// one stays as history.
+    #[serde(default)]
+    pub supersedes: Option<String>,
+    /// Since when the fact holds (RFC 3339); default: its time.
+    #[serde(default)]
+    pub valid_from: Option<String>,
 }
 
 /// A condition on one top-level metadata field; every condition given must hold.
@@ -195,6 +209,18 @@ pub struct MemoryOut {
     /// For summaries: what they summarize.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<SummaryOut>,
+    /// When it stops being read (RFC 3339), if it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Since when the fact holds, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_from: Option<String>,
+    /// Until when it held, once superseded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_to: Option<String>,
+    /// The earlier fact it supersedes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supersedes: Option<String>,
 }
 
 impl From<&MemoryUnit> for MemoryOut {
@@ -216,6 +242,10 @@ impl From<&MemoryUnit> for MemoryOut {
                 time_range_end: s.time_range_end.to_rfc3339(),
                 stale: s.stale,
             }),
+            expires_at: m.lifetime.expires_at.map(|t| t.to_rfc3339()),
+            valid_from: m.lifetime.valid_from.map(|t| t.to_rfc3339()),
+            valid_to: m.lifetime.valid_to.map(|t| t.to_rfc3339()),
+            supersedes: m.lifetime.supersedes.map(|i| i.to_string()),
         }
     }
 }
@@ -291,6 +321,15 @@ pub struct SearchRequest {
     /// Only memories meeting all these metadata conditions.
     #[serde(default)]
     pub metadata: Option<Vec<MetaCondition>>,
+    /// The facts that held at this time (RFC 3339), not the current ones.
+    #[serde(default)]
+    pub as_of: Option<String>,
+    /// Superseded facts too.
+    #[serde(default)]
+    pub history: Option<bool>,
+    /// Recency decay: scores halve every this much age (`30d`, `12h`).
+    #[serde(default)]
+    pub half_life: Option<String>,
 }
 
 /// A search hit.

@@ -114,7 +114,9 @@ impl From<HarnessError> for ApiError {
             HarnessError::Input(_) | HarnessError::Config(_) => Self::invalid(None, message),
             HarnessError::Embed(cairn_core::EmbedError::Input(_)) => Self::invalid(None, message),
             HarnessError::Store(s) => match s {
-                StoreError::DuplicateId { .. } | StoreError::CitedBySummaries { .. } => {
+                StoreError::DuplicateId { .. }
+                | StoreError::CitedBySummaries { .. }
+                | StoreError::CannotSupersede { .. } => {
                     Self::new(ErrorCode::Conflict, None, message)
                 }
                 StoreError::NotASummary { .. }

@@ -64,6 +64,12 @@ pub struct AddParams {
     /// An external key: adding the same keyed memory again returns the stored one.
     #[serde(default)]
     pub key: Option<String>,
+    /// Hidden from reads after this long (`90s`, `30m`, `2h`, `7d`).
+    #[serde(default)]
+    pub ttl: Option<String>,
+    /// The id of the earlier fact this one replaces.
+    #[serde(default)]
+    pub supersedes: Option<String>,
 }
 
 impl AddParams {
@@ -83,6 +89,9 @@ impl AddParams {
                 created_at: self.created_at,
                 metadata: self.metadata,
                 key: self.key,
+                ttl: self.ttl,
+                supersedes: self.supersedes,
+                ..AddMemory::default()
             }]),
             (None, None) => Err(ApiError::invalid(
                 Some("content"),

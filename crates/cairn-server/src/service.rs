@@ -162,6 +162,40 @@ pub fn new_memory(m: AddMemory, at: &str) -> Result<NewMemory, ApiError> {
     if let Some(md) = m.metadata {
         out.metadata = md;
     }
+    let time = |t: &str, name: &str| {
+        chrono::DateTime::parse_from_rfc3339(t)
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .map_err(|e| {
+                ApiError::invalid(
+                    Some(&f(name)),
+                    format!("{t:?} is not an RFC 3339 time: {e}"),
+                )
+            })
+    };
+    if m.expires_at.is_some() && m.ttl.is_some() {
+        return Err(ApiError::invalid(
+            Some(&f("ttl")),
+            "give expires_at or ttl, not both",
+        ));
+    }
+    if let Some(t) = m.expires_at.as_deref() {
+        out.lifetime.expires_at = Some(time(t, "expires_at")?);
+    }
+    if let Some(t) = m.ttl.as_deref() {
+        let d = cairn_harness::parse_duration(t)
+            .ok()
+            .and_then(|d| chrono::Duration::from_std(d).ok())
+            .ok_or_else(|| {
+                ApiError::invalid(Some(&f("ttl")), format!("{t:?} is not a duration like 7d"))
+            })?;
+        out.lifetime.expires_at = Some(chrono::Utc::now() + d);
+    }
+    if let Some(t) = m.valid_from.as_deref() {
+        out.lifetime.valid_from = Some(time(t, "valid_from")?);
+    }
+    if let Some(s) = m.supersedes.as_deref() {
+        out.lifetime.supersedes = Some(parse_id(s, &f("supersedes"))?);
+    }
     if let Some(k) = m.key.as_deref() {
         if k.is_empty() || k.len() > 512 {
             return Err(ApiError::invalid(
@@ -643,6 +677,30 @@ impl Service {
             .into_iter()
             .map(MetaFilter::from)
             .collect();
+        if let Some(t) = r.as_of.as_deref() {
+            opts.filter.as_of = Some(
+                chrono::DateTime::parse_from_rfc3339(t)
+                    .map_err(|e| {
+                        ApiError::invalid(
+                            Some("as_of"),
+                            format!("{t:?} is not an RFC 3339 time: {e}"),
+                        )
+                    })?
+                    .with_timezone(&chrono::Utc),
+            );
+        }
+        opts.filter.history = r.history.unwrap_or(false);
+        if let Some(h) = r.half_life.as_deref() {
+            let d = cairn_harness::parse_duration(h)
+                .map_err(|e| ApiError::invalid(Some("half_life"), e))?;
+            if d.is_zero() {
+                return Err(ApiError::invalid(
+                    Some("half_life"),
+                    "half_life must be more than zero",
+                ));
+            }
+            opts.half_life = Some(d);
+        }
         let hits = self
             .store(ns)
             .await?

@@ -102,6 +102,9 @@ async fn adds_that_arrive_together_share_a_model_run_and_searches_do_not_wait() 
                 thread: None,
                 kind: None,
                 metadata: None,
+                as_of: None,
+                history: None,
+                half_life: None,
             },
         ),
     )

@@ -650,3 +650,101 @@ fn keys_patches_filters_paging_and_forget() {
     );
     assert_eq!(st, 404);
 }
+
+/// Lifetimes over REST: a TTL'd memory carries its expiry, a superseding fact hides the
+/// earlier one unless `history` or `as_of` asks, and decay takes a half-life.
+#[test]
+fn ttl_supersedes_history_and_decay() {
+    let s = start(Limits::default());
+    let a = Some(s.key_a.as_str());
+    let (st, old) = s.call(
+        "POST",
+        "/v1/memories",
+        a,
+        Some(r#"{"content":"The office is on Main Street","created_at":"2024-01-10T09:00:00Z"}"#),
+    );
+    assert_eq!(st, 201, "{old}");
+    let old = old["id"].as_str().unwrap().to_owned();
+    let (st, new) = s.call("POST", "/v1/memories", a, Some(&format!(r#"{{"content":"The office is on Harbour Road","created_at":"2024-06-01T09:00:00Z","supersedes":"{old}"}}"#)));
+    assert_eq!(st, 201, "{new}");
+    let new = new["id"].as_str().unwrap().to_owned();
+    let found = |body: &str| {
+        let (st, hits) = s.call("POST", "/v1/search", a, Some(body));
+        assert_eq!(st, 200, "{hits}");
+        let mut ids: Vec<String> = hits["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(
+        found(r#"{"query":"office street road","mode":"keyword"}"#),
+        vec![new.clone()]
+    );
+    let mut both = vec![old.clone(), new.clone()];
+    both.sort();
+    assert_eq!(
+        found(r#"{"query":"office street road","mode":"keyword","history":true}"#),
+        both
+    );
+    assert_eq!(
+        found(r#"{"query":"office street road","mode":"keyword","as_of":"2024-03-01T00:00:00Z"}"#),
+        vec![old.clone()]
+    );
+    assert_eq!(
+        found(r#"{"query":"office street road","mode":"keyword","half_life":"30d"}"#),
+        vec![new.clone()]
+    );
+    let (_, m) = s.call("GET", &format!("/v1/memories/{old}"), a, None);
+    assert_eq!(m["valid_to"], "2024-06-01T09:00:00+00:00", "{m}");
+    let (st, m) = s.call(
+        "POST",
+        "/v1/memories",
+        a,
+        Some(r#"{"content":"temporary note","ttl":"7d"}"#),
+    );
+    assert_eq!(st, 201);
+    let (_, m) = s.call(
+        "GET",
+        &format!("/v1/memories/{}", m["id"].as_str().unwrap()),
+        a,
+        None,
+    );
+    assert!(m["expires_at"].is_string(), "{m}");
+    for (body, field) in [
+        (r#"{"content":"x","ttl":"soon"}"#, "ttl"),
+        (r#"{"content":"x","supersedes":"nope"}"#, "supersedes"),
+        (r#"{"content":"x","expires_at":"tomorrow"}"#, "expires_at"),
+    ] {
+        let (st, e) = s.call("POST", "/v1/memories", a, Some(body));
+        assert_eq!(
+            (st, e["error"]["field"].as_str()),
+            (422, Some(field)),
+            "{e}"
+        );
+    }
+    let (st, e) = s.call(
+        "POST",
+        "/v1/search",
+        a,
+        Some(r#"{"query":"x","half_life":"0s"}"#),
+    );
+    assert_eq!(
+        (st, e["error"]["field"].as_str()),
+        (422, Some("half_life")),
+        "{e}"
+    );
+    // Superseding a version that is no longer current is a conflict.
+    let (st, e) = s.call(
+        "POST",
+        "/v1/memories",
+        a,
+        Some(&format!(
+            r#"{{"content":"elsewhere","supersedes":"{old}"}}"#
+        )),
+    );
+    assert_eq!(st, 409, "{e}");
+}

@@ -200,6 +200,9 @@ fn run(ops: Vec<Op>) {
                                 thread: None,
                                 kind: None,
                                 metadata: None,
+                                as_of: None,
+                                history: None,
+                                half_life: None,
                             },
                         )
                         .await

@@ -44,10 +44,10 @@ impl Attr {
         self.expires != i64::MAX || self.valid_to != i64::MAX
     }
 
-    /// Whether a read at `now` sees it: not expired, and current (or, with `as_of`, valid
-    /// then; with `history`, any version).
-    pub fn visible(&self, now: i64, as_of: Option<i64>, history: bool) -> bool {
-        self.expires > now
+    /// Whether a read at `now` sees it: not expired (unless `expired`), and current (or,
+    /// with `as_of`, valid then; with `history`, any version).
+    pub fn visible(&self, now: i64, as_of: Option<i64>, history: bool, expired: bool) -> bool {
+        (expired || self.expires > now)
             && match as_of {
                 Some(t) => self.valid_from <= t && self.valid_to > t,
                 None => history || self.valid_to > now,

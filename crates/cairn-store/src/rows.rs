@@ -509,6 +509,9 @@ pub struct Filter {
     /// Superseded facts too (every version), not only the current ones.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub history: bool,
+    /// Memories past their expiry too (they stay until consolidation deletes them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expired: bool,
 }
 
 impl Filter {
@@ -612,8 +615,14 @@ impl Filter {
     /// what the filter admits among the memories visible at `now` (microseconds): not
     /// expired and, unless `history` or `as_of` says otherwise, not superseded.
     pub(crate) fn sql_at(&self, now: i64) -> (String, Vec<Value>) {
-        let mut sql = String::from(" AND (m.expires_at IS NULL OR m.expires_at > ?)");
-        let mut args = vec![Value::Integer(now)];
+        let (mut sql, mut args) = if self.expired {
+            (String::new(), Vec::new())
+        } else {
+            (
+                String::from(" AND (m.expires_at IS NULL OR m.expires_at > ?)"),
+                vec![Value::Integer(now)],
+            )
+        };
         if let Some(t) = self.as_of {
             sql.push_str(
                 " AND COALESCE(m.valid_from, m.created_at) <= ? AND (m.valid_to IS NULL OR m.valid_to > ?)",

@@ -1858,12 +1858,13 @@ impl Store {
             shared.index.search(&q, k, ef, None)
         } else {
             let now = self.now_us();
-            let (as_of, history) = (filter.as_of.map(to_micros), filter.history);
+            let (as_of, history, expired) =
+                (filter.as_of.map(to_micros), filter.history, filter.expired);
             let kinds = filter.kinds.clone();
             let (min_l, max_l) = (filter.min_level, filter.max_level);
             let (after, before) = (filter.after.map(to_micros), filter.before.map(to_micros));
             let admit = move |vid: usize, a: &Attr| {
-                a.visible(now, as_of, history)
+                a.visible(now, as_of, history, expired)
                     && meta_vids.as_ref().is_none_or(|m| m.contains(&vid))
                     && thread_key.is_none_or(|t| a.thread == t)
                     && (kinds.is_empty() || kinds.contains(&a.kind))

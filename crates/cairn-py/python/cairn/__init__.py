@@ -161,11 +161,16 @@ class MemoryHarness:
     def add(self, content: str, *, kind: Optional[str] = None, thread: Optional[str] = None,
             role: Optional[str] = None, speaker: Optional[str] = None,
             metadata: Optional[dict] = None, created_at: Union[str, datetime, None] = None,
-            key: Optional[str] = None) -> str:
+            key: Optional[str] = None, expires_at: Union[str, datetime, None] = None,
+            supersedes: Optional[str] = None,
+            valid_from: Union[str, datetime, None] = None) -> str:
         """Adds a memory; returns its id. ``kind`` defaults to conversational with a thread,
         knowledge without. With ``key``, adding the same memory again returns the stored
-        one (retries never duplicate); other content under the key is a ``Conflict``."""
-        return self._call("add", key=key,
+        one (retries never duplicate); other content under the key is a ``Conflict``.
+        ``expires_at`` hides it from reads from then on (consolidation deletes it);
+        ``supersedes`` names the earlier fact it replaces (kept as history)."""
+        return self._call("add", key=key, expires_at=_time(expires_at), supersedes=supersedes,
+                          valid_from=_time(valid_from),
                           **_memory_args(content, kind, thread, role, speaker, metadata, created_at))
 
     async def aadd(self, content: str, *, kind: Optional[str] = None, thread: Optional[str] = None,
@@ -281,11 +286,23 @@ class MemoryHarness:
     def search(self, query: str, *, k: Optional[int] = None, mode: str = "hybrid",
                thread: Optional[str] = None, kind: Union[str, list, None] = None,
                min_level: Optional[int] = None, max_level: Optional[int] = None,
-               where: Optional[dict] = None) -> list:
+               where: Optional[dict] = None, as_of: Union[str, datetime, None] = None,
+               history: bool = False, half_life: Optional[str] = None) -> list:
         """Hybrid (default), vector or keyword search; each hit is a memory with its
-        ``score``. ``where`` filters on metadata (see :func:`conditions`)."""
+        ``score``. ``where`` filters on metadata (see :func:`conditions`); ``as_of`` reads
+        the facts that held then, ``history`` superseded ones too; ``half_life`` (``"30d"``)
+        decays scores with age."""
         return self._call("search", query=query, k=k, mode=mode, thread=thread, kind=kind,
-                          min_level=min_level, max_level=max_level, metadata=conditions(where))
+                          min_level=min_level, max_level=max_level, metadata=conditions(where),
+                          as_of=_time(as_of), history=history, half_life=half_life)
+
+    def history(self, id: str) -> list:
+        """Every version of a fact (what it superseded and what superseded it), oldest
+        first, each with ``valid_from`` / ``valid_to``."""
+        return self._call("history", id=id)
+
+    async def ahistory(self, id: str) -> list:
+        return await self._acall("history", id=id)
 
     async def asearch(self, query: str, *, k: Optional[int] = None, mode: str = "hybrid",
                       thread: Optional[str] = None, kind: Union[str, list, None] = None,
