@@ -846,6 +846,7 @@ pub(crate) fn search_blocking(
 
 /// `score` decayed by `age` at half-life `h`: halved per half-life (a negative score is
 /// doubled instead, so age never helps). A memory from the future is not decayed.
+#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 pub(crate) fn decayed(score: f32, age: chrono::Duration, h: std::time::Duration) -> f32 {
     let age_s = age.num_milliseconds().max(0) as f64 / 1000.0;
     let f = 0.5f64.powf(age_s / h.as_secs_f64().max(1e-9)) as f32;

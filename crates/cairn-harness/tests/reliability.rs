@@ -1389,6 +1389,7 @@ fn any_options_answer_or_get_config_errors() {
                     bounded_above: if depth % 2 == 0 { 0 } else { usize::MAX },
                     knowledge: depth % 3 == 0,
                     related_share: summary,
+                    half_life_secs: (depth % 4 == 0).then_some(3_600.0),
                 };
                 rt.block_on(async {
                     match mem

@@ -549,7 +549,7 @@ pub struct Threads {
 #[serde(untagged)]
 pub enum AddBody {
     /// One memory.
-    One(AddMemory),
+    One(Box<AddMemory>),
     /// Several, in one transaction.
     Many(Vec<AddMemory>),
 }

@@ -1057,9 +1057,9 @@ impl Store {
         })
     }
 
-    /// Raw memories admitted by `filter` (of a thread) that no level-1 summary cites but
-    /// whose time lies inside the span of one of their thread's level-1 conversation
-    /// summaries (not a moving summary): turns that arrived late, dated inside a stretch
+    /// Raw memories admitted by `filter` (of a thread) that no level-1 summary cites,
+    /// written after one of their thread's level-1 conversation summaries (not a moving
+    /// summary) whose span holds their time: turns that arrived late, dated inside a stretch
     /// already summarized. Each with that summary (the earliest such), oldest first.
     pub fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
         filter.validate()?;
@@ -1070,6 +1070,7 @@ impl Store {
                     WHERE s.thread_id = m.thread_id AND s.kind = 'summary' AND s.level = 1
                       AND s.summary_type = 'conversation'
                       AND s.time_start <= m.created_at AND s.time_end >= m.created_at
+                      AND s.rid < m.rid
                       AND NOT EXISTS (SELECT 1 FROM summary_sources x
                           WHERE (x.summary = s.rid OR x.source = s.rid) AND x.continues = 1)
                     ORDER BY s.time_start, s.rid LIMIT 1)
