@@ -280,7 +280,7 @@ pub struct ContextOptions {
     /// share of the budget; what they leave goes to recall. Default 0.15.
     pub related_share: f64,
     /// Recency decay of recall, in seconds: a recalled turn's score is halved for every
-    /// half-life of its age. Off (`None`) by default; LoCoMo's figures are without it
+    /// half-life it is older than the newest candidate. Off (`None`) by default; LoCoMo's figures are without it
     /// (docs/evaluation.md has them with it too).
     pub half_life_secs: Option<f64>,
 }
@@ -680,7 +680,9 @@ fn assemble_with(
             exhaustive_ranking(inner, thread, query, keyword_text, p, options)?
         };
         if let Some(h) = options.half_life_secs {
-            let now = inner.clock.now();
+            // From the newest candidate, as in search: the same order, no underflow.
+            let newest = ranked.iter().map(|r| r.2).max();
+            let now = newest.map_or(inner.clock.now(), |n| n.min(inner.clock.now()));
             let h = std::time::Duration::from_secs_f64(h);
             for r in &mut ranked {
                 r.1 = crate::harness::decayed(r.1, now - r.2, h);

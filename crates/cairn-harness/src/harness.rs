@@ -63,8 +63,9 @@ pub struct SearchOptions {
     pub min_score: Option<f32>,
     /// How to rank.
     pub mode: SearchMode,
-    /// Recency decay: a hit's score is halved for every `half_life` of its age (from the
-    /// store clock's now), among 4k candidates, before the best k are kept. Off by default.
+    /// Recency decay: a hit's score is halved for every `half_life` it is older than the
+    /// newest of 4k candidates (the same ranking as ages from now, without decaying every
+    /// score of an old store to zero), before the best k are kept. Off by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub half_life: Option<std::time::Duration>,
 }
@@ -103,6 +104,12 @@ impl SearchOptions {
     pub fn between(mut self, after: DateTime<Utc>, before: DateTime<Utc>) -> Self {
         self.filter.after = Some(after);
         self.filter.before = Some(before);
+        self
+    }
+
+    /// Replaces the filter.
+    pub fn filter(mut self, filter: Filter) -> Self {
+        self.filter = filter;
         self
     }
 
@@ -831,7 +838,10 @@ pub(crate) fn search_blocking(
         }
     };
     if let Some(h) = options.half_life {
-        let now = inner.clock.now();
+        // Ages count from the newest candidate (or now, when that is earlier): the ranking
+        // is the same as from now, and old stores do not decay every score to zero.
+        let newest = hits.iter().map(|h| h.memory.created_at).max();
+        let now = newest.map_or(inner.clock.now(), |n| n.min(inner.clock.now()));
         for hit in &mut hits {
             hit.score = decayed(hit.score, now - hit.memory.created_at, h);
         }

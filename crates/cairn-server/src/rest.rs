@@ -274,6 +274,18 @@ async fn forget(
     Ok(Json(st.service.forget(&ns, r).await?))
 }
 
+/// Every version of a fact (what it superseded and what superseded it), oldest first.
+#[utoipa::path(get, path = "/v1/memories/{id}/history", tag = "memories",
+    params(("id" = String, Path, description = "Memory id")),
+    responses((status = 200, body = Memories), (status = 404, body = ErrorBody)))]
+async fn memory_history(
+    State(st): State<AppState>,
+    Extension(ns): Extension<Namespace>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Memories>> {
+    Ok(Json(st.service.history(&ns, &id).await?))
+}
+
 /// The summaries that cite a memory (back-links).
 #[utoipa::path(get, path = "/v1/memories/{id}/summaries", tag = "summaries",
     params(("id" = String, Path, description = "Memory id")),
@@ -539,6 +551,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(upsert_memory))
         .routes(routes!(forget))
         .routes(routes!(memory_summaries))
+        .routes(routes!(memory_history))
         .routes(routes!(memory_ancestors))
         .routes(routes!(thread_timeline))
         .routes(routes!(add_summary))

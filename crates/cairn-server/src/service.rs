@@ -405,6 +405,16 @@ impl Service {
         })
     }
 
+    /// Every version of a fact, oldest first.
+    pub async fn history(&self, ns: &Namespace, id: &str) -> Result<Memories, ApiError> {
+        let id = parse_id(id, "id")?;
+        let ms = self.store(ns).await?.history(id).await?;
+        Ok(Memories {
+            memories: ms.iter().map(MemoryOut::from).collect(),
+            next: None,
+        })
+    }
+
     /// Merges a patch into a memory's metadata.
     pub async fn patch(
         &self,

@@ -700,6 +700,10 @@ fn ttl_supersedes_history_and_decay() {
     );
     let (_, m) = s.call("GET", &format!("/v1/memories/{old}"), a, None);
     assert_eq!(m["valid_to"], "2024-06-01T09:00:00+00:00", "{m}");
+    let (st, h) = s.call("GET", &format!("/v1/memories/{new}/history"), a, None);
+    assert_eq!(st, 200, "{h}");
+    assert_eq!(ids(&h, "memories"), vec![old.clone(), new.clone()]);
+    assert_eq!(h["memories"][1]["supersedes"], old.as_str());
     let (st, m) = s.call(
         "POST",
         "/v1/memories",

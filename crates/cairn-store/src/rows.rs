@@ -467,6 +467,14 @@ impl std::str::FromStr for MetaFilter {
     }
 }
 
+/// What reads hide: memories expired or superseded at `now`, when the store holds any
+/// (`timed`; otherwise no condition is added).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Visibility {
+    pub now: i64,
+    pub timed: bool,
+}
+
 /// A JSON scalar as the SQL value `json_extract` returns for it.
 fn json_sql(v: &serde_json::Value) -> Value {
     match v {
@@ -614,8 +622,9 @@ impl Filter {
     /// SQL conditions over alias `m` (each starting with " AND "), with their parameters:
     /// what the filter admits among the memories visible at `now` (microseconds): not
     /// expired and, unless `history` or `as_of` says otherwise, not superseded.
-    pub(crate) fn sql_at(&self, now: i64) -> (String, Vec<Value>) {
-        let (mut sql, mut args) = if self.expired {
+    pub(crate) fn sql_at(&self, vis: Visibility) -> (String, Vec<Value>) {
+        let now = vis.now;
+        let (mut sql, mut args) = if self.expired || !vis.timed {
             (String::new(), Vec::new())
         } else {
             (
@@ -629,7 +638,7 @@ impl Filter {
             );
             args.push(Value::Integer(to_micros(t)));
             args.push(Value::Integer(to_micros(t)));
-        } else if !self.history {
+        } else if !self.history && vis.timed {
             sql.push_str(" AND (m.valid_to IS NULL OR m.valid_to > ?)");
             args.push(Value::Integer(now));
         }

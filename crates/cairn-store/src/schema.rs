@@ -121,6 +121,7 @@ ALTER TABLE memories ADD COLUMN valid_to INTEGER;
 ALTER TABLE memories ADD COLUMN supersedes INTEGER;
 CREATE INDEX memories_expires ON memories (expires_at) WHERE expires_at IS NOT NULL;
 CREATE INDEX memories_supersedes ON memories (supersedes) WHERE supersedes IS NOT NULL;
+CREATE INDEX memories_valid_to ON memories (valid_to) WHERE valid_to IS NOT NULL;
 "#,
 ];
 

@@ -20,6 +20,7 @@ use cairn_core::{
 use crate::index::{snapshot_dir, Attr, Entry, IndexHealth, VectorIndex};
 use crate::rows::{
     self, decode_vector, encode_vector, from_micros, query_units, query_units_with, to_micros,
+    Visibility,
 };
 use crate::schema;
 use crate::{DeletePolicy, Filter, Result, StoreError, StoreOptions};
@@ -256,6 +257,10 @@ struct Shared {
     seen: AtomicI64,
     /// Set when an index update after a commit failed: the next sync re-reads every row.
     resync: AtomicBool,
+    /// Set once the file is seen to hold a memory with an expiry or an end of validity:
+    /// from then on reads test lifetimes (before, their conditions are left out, so reads
+    /// keep their covering indexes).
+    lifetimes: AtomicBool,
     foreign: AtomicUsize,
     resyncs: AtomicUsize,
     /// Snapshot failures after commit, and the last one's message (cleared on success).
@@ -446,6 +451,7 @@ impl Store {
             origin: new_origin(),
             seen: AtomicI64::new(0),
             resync: AtomicBool::new(false),
+            lifetimes: AtomicBool::new(false),
             foreign: AtomicUsize::new(0),
             resyncs: AtomicUsize::new(0),
             snapshot_failures: Mutex::new((0, None)),
@@ -501,6 +507,27 @@ impl Store {
     /// The store clock's now, in microseconds (what reads hide expired memories by).
     fn now_us(&self) -> i64 {
         to_micros(self.inner.shared.options.clock.now())
+    }
+
+    /// What reads hide now: nothing until the file holds a memory with an expiry or an end
+    /// of validity (checked on two partial indexes, then remembered: it only ever turns on).
+    fn visibility(&self) -> Result<Visibility> {
+        let shared = &self.inner.shared;
+        let timed = shared.lifetimes.load(Ordering::Relaxed)
+            || self.read(|c| {
+                Ok(c.prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM memories WHERE expires_at IS NOT NULL)
+                         OR EXISTS (SELECT 1 FROM memories WHERE valid_to IS NOT NULL)",
+                )?
+                .query_row([], |r| r.get::<_, bool>(0))?)
+            })?;
+        if timed {
+            shared.lifetimes.store(true, Ordering::Relaxed);
+        }
+        Ok(Visibility {
+            now: self.now_us(),
+            timed,
+        })
     }
 
     /// The file this store lives in.
@@ -736,7 +763,7 @@ impl Store {
     /// was there when the listing started, whatever is written or deleted meanwhile.
     pub fn page(&self, filter: &Filter, cursor: Option<Cursor>, limit: usize) -> Result<Page> {
         filter.validate()?;
-        let (mut cond, mut args) = filter.sql_at(self.now_us());
+        let (mut cond, mut args) = filter.sql_at(self.visibility()?);
         if let Some(c) = cursor {
             cond.push_str(" AND (m.created_at > ? OR (m.created_at = ? AND m.rid > ?))");
             args.push(Value::Integer(c.created_at));
@@ -1063,7 +1090,7 @@ impl Store {
     /// already summarized. Each with that summary (the earliest such), oldest first.
     pub fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
         filter.validate()?;
-        let (cond, args) = filter.sql_at(self.now_us());
+        let (cond, args) = filter.sql_at(self.visibility()?);
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT m.id, (SELECT s.id FROM memories s
@@ -1465,7 +1492,7 @@ impl Store {
     /// metadata holds under `"speaker"`, if any), oldest first (ties by insertion).
     pub fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
         filter.validate()?;
-        let (cond, args) = filter.sql_at(self.now_us());
+        let (cond, args) = filter.sql_at(self.visibility()?);
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT {TIMELINE_COLS} FROM memories m WHERE 1 = 1{cond} \
@@ -1502,7 +1529,7 @@ impl Store {
     /// The newest `limit` memories admitted by `filter`, returned oldest first.
     pub fn recent(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql_at(self.now_us());
+        let (cond, mut args) = filter.sql_at(self.visibility()?);
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         let mut out = self.read(|c| {
             query_units(
@@ -1520,7 +1547,7 @@ impl Store {
     /// statistics over its text.
     pub fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
         filter.validate()?;
-        let (cond, args) = filter.sql_at(self.now_us());
+        let (cond, args) = filter.sql_at(self.visibility()?);
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT m.content, json_extract(m.metadata, '$.speaker') FROM memories m \
@@ -1538,7 +1565,7 @@ impl Store {
     /// Every memory admitted by `filter`, oldest first (`limit` rows from `offset`).
     pub fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql_at(self.now_us());
+        let (cond, mut args) = filter.sql_at(self.visibility()?);
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         args.push(Value::Integer(i64::try_from(offset).unwrap_or(i64::MAX)));
         self.read(|c| {
@@ -1555,7 +1582,7 @@ impl Store {
     /// before the summary. At most `limit`.
     pub fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql_at(self.now_us());
+        let (cond, mut args) = filter.sql_at(self.visibility()?);
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         self.read(|c| {
             query_units(
@@ -1633,7 +1660,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<MemoryUnit>> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql_at(self.now_us());
+        let (cond, mut args) = filter.sql_at(self.visibility()?);
         args.push(Value::Integer(i64::from(parent_level)));
         args.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
         self.read(|c| {
@@ -1807,7 +1834,7 @@ impl Store {
         let meta_vids: Option<HashSet<usize>> = if filter.metadata.is_empty() {
             None
         } else {
-            let (cond, args) = filter.sql_at(self.now_us());
+            let (cond, args) = filter.sql_at(self.visibility()?);
             Some(self.read(|c| {
                 let mut stmt =
                     c.prepare(&format!("SELECT m.vid FROM memories m WHERE 1 = 1{cond}"))?;
@@ -1885,7 +1912,7 @@ impl Store {
     }
 
     fn exact_scan(&self, q: &[f32], k: usize, filter: &Filter) -> Result<Vec<(usize, f32)>> {
-        let (cond, args) = filter.sql_at(self.now_us());
+        let (cond, args) = filter.sql_at(self.visibility()?);
         // The admitted rows' vids from SQLite, scored on the index's vectors; rows the index
         // does not hold yet (committed a moment ago) send the scan to the stored embeddings.
         let vids = self.read(|c| {
@@ -1978,7 +2005,8 @@ impl Store {
         if k == 0 {
             return Ok(Vec::new());
         }
-        self.read(|c| keyword_ids(c, fts, k, filter, self.now_us()))
+        let vis = self.visibility()?;
+        self.read(|c| keyword_ids(c, fts, k, filter, vis))
     }
 
     /// The stored embedding of a memory.
@@ -2621,9 +2649,9 @@ fn keyword_ids(
     fts: String,
     k: usize,
     filter: &Filter,
-    now: i64,
+    vis: Visibility,
 ) -> Result<Vec<(u64, f32)>> {
-    let (cond, cargs) = filter.sql_at(now);
+    let (cond, cargs) = filter.sql_at(vis);
     let mut args = vec![Value::Text(fts)];
     args.extend(cargs);
     args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));

@@ -127,7 +127,7 @@ impl Store {
         after: usize,
     ) -> Result<Vec<Vec<TimelineEntry>>> {
         filter.validate()?;
-        let (cond, args) = filter.sql_at(self.now_us());
+        let (cond, args) = filter.sql_at(self.visibility()?);
         let limit = |n: usize| Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
         self.read(|c| {
             let mut back = c.prepare_cached(&format!(
@@ -168,7 +168,7 @@ impl Store {
         newest: bool,
     ) -> Result<(Vec<TimelineEntry>, bool)> {
         filter.validate()?;
-        let (cond, mut args) = filter.sql_at(self.now_us());
+        let (cond, mut args) = filter.sql_at(self.visibility()?);
         args.push(Value::Integer(
             i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX),
         ));
@@ -316,6 +316,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let cap = i64::try_from(max_matches.saturating_add(1)).unwrap_or(i64::MAX);
+        let vis = self.visibility()?;
         self.read(|c| {
             let mut count = c.prepare_cached(
                 "SELECT count(*) FROM (SELECT rowid FROM memories_fts
@@ -332,7 +333,7 @@ impl Store {
                 }
             }
             match fts_or(&rare) {
-                Some(fts) => keyword_ids(c, fts, k, filter, self.now_us()),
+                Some(fts) => keyword_ids(c, fts, k, filter, vis),
                 None => Ok(Vec::new()),
             }
         })
