@@ -1042,11 +1042,19 @@ fn version_1_databases_are_migrated() {
     store.close().unwrap();
     // Put the file back to schema 1: the thread index without its covered columns, no
     // speaker index, no index log, none of version 6 (continuation links, thread state, rowid
-    // counter, none of version 7 (the thread's summaries by level).
+    // counter, none of version 7 (the thread's summaries by level), none of version 8
+    // (lifetimes).
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
-            "DROP INDEX memories_thread_kind_level;
+            "DROP INDEX memories_expires;
+             DROP INDEX memories_supersedes;
+             DROP INDEX memories_valid_to;
+             ALTER TABLE memories DROP COLUMN expires_at;
+             ALTER TABLE memories DROP COLUMN valid_from;
+             ALTER TABLE memories DROP COLUMN valid_to;
+             ALTER TABLE memories DROP COLUMN supersedes;
+             DROP INDEX memories_thread_kind_level;
              DROP INDEX memories_thread_time;
              DROP INDEX memories_thread_speaker;
              DROP TABLE index_log;
