@@ -146,7 +146,7 @@ enum Command {
         #[arg(long)]
         id: Vec<String>,
         /// Every memory of a thread.
-        #[arg(long, conflicts_with_all = ["id", "all"])]
+        #[arg(long, conflicts_with_all = ["id", "all", "conditions"])]
         thread: Option<String>,
         /// Every memory meeting these metadata conditions (repeatable; see `list`).
         #[arg(long = "where", value_name = "COND", conflicts_with_all = ["id", "all"])]
@@ -648,7 +648,11 @@ async fn run(mut cli: Cli) -> Result<()> {
             let mut m = NewMemory::new(kind, content);
             if let Some(t) = &ttl {
                 let d = chrono::Duration::from_std(duration(t)?).context("--ttl is too long")?;
-                m.lifetime.expires_at = Some(chrono::Utc::now() + d);
+                m.lifetime.expires_at = Some(
+                    chrono::Utc::now()
+                        .checked_add_signed(d)
+                        .context("--ttl reaches past the calendar")?,
+                );
             }
             m.lifetime.supersedes = supersedes.as_deref().map(id).transpose()?;
             m.lifetime.valid_from = valid_from

@@ -300,8 +300,11 @@ impl ContextOptions {
             }
         }
         if let Some(h) = self.half_life_secs {
-            if !(h.is_finite() && h > 0.0) {
-                return bad(format!("half_life_secs must be a positive number, not {h}"));
+            // At most a million years: far beyond any store, and within a `Duration`.
+            if !(h.is_finite() && h > 0.0 && h <= 3.2e13) {
+                return bad(format!(
+                    "half_life_secs must be a positive number of seconds up to 3.2e13, not {h}"
+                ));
             }
         }
         let w = &self.weights;
@@ -452,6 +455,12 @@ fn related_ranking(
         )?);
     }
     Ok(fuse_ids(&lists, RELATED_DEPTH))
+}
+
+/// Whether a context leaves `m` out: expired, or superseded, at `now`.
+fn hidden(m: &MemoryUnit, now: DateTime<Utc>) -> bool {
+    let l = &m.lifetime;
+    l.expires_at.is_some_and(|t| t <= now) || l.valid_to.is_some_and(|t| t <= now)
 }
 
 /// Recalled candidates read per statement, best first.
@@ -683,7 +692,8 @@ fn assemble_with(
             // From the newest candidate, as in search: the same order, no underflow.
             let newest = ranked.iter().map(|r| r.2).max();
             let now = newest.map_or(inner.clock.now(), |n| n.min(inner.clock.now()));
-            let h = std::time::Duration::from_secs_f64(h);
+            let h = std::time::Duration::try_from_secs_f64(h)
+                .map_err(|e| HarnessError::Config(format!("half_life_secs: {e}")))?;
             for r in &mut ranked {
                 r.1 = crate::harness::decayed(r.1, now - r.2, h);
             }
@@ -696,8 +706,9 @@ fn assemble_with(
             for hit in inner.store.hits(found)? {
                 // A metadata scope also matches the thread's own turns: they are recalled
                 // (or not) by the thread's ranking.
-                if hit.memory.thread_id.as_ref() == Some(thread)
-                    && hit.memory.kind != MemoryKind::Knowledge
+                if (hit.memory.thread_id.as_ref() == Some(thread)
+                    && hit.memory.kind != MemoryKind::Knowledge)
+                    || hidden(&hit.memory, inner.clock.now())
                 {
                     continue;
                 }
@@ -736,6 +747,11 @@ fn assemble_with(
                     break 'chunks;
                 }
                 let m = hit.memory;
+                // (Turns reached through summaries on a long thread are read by id: one that
+                // expired or was superseded since is left out here.)
+                if hidden(&m, inner.clock.now()) {
+                    continue;
+                }
                 let said = (m.created_at.date_naive(), m.content.clone());
                 if recent_ids.contains(&m.id) || texts.contains(&said) {
                     continue;

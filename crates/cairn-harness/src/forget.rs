@@ -24,6 +24,8 @@ pub enum UpsertOutcome {
     /// The content differed: it was replaced and re-embedded, and the summaries built on it
     /// were marked stale (consolidation re-summarizes them).
     ContentUpdated,
+    /// Only the expiry differed: it was set.
+    ExpiryUpdated,
 }
 
 /// The memory an upsert left, and what it did.
@@ -72,7 +74,8 @@ impl MemoryHarness {
     /// other metadata alone is replaced without re-embedding; other content is re-embedded
     /// and the summaries above it become stale. The kind, thread and role of a stored memory
     /// are not changed by an upsert (`DuplicateId` when they differ: that is another memory
-    /// under the same key). A memory without an id is simply added.
+    /// under the same key); its expiry is set to the new one's (an expired copy not yet
+    /// swept is written again whole). A memory without an id is simply added.
     pub async fn upsert(&self, memory: NewMemory) -> Result<Upserted> {
         memory.validate()?;
         let Some(id) = memory.id else {
@@ -104,33 +107,33 @@ impl MemoryHarness {
         {
             return Err(StoreError::DuplicateId { id }.into());
         }
-        if stored.content != memory.content {
+        let now = self.inner.clock.now();
+        let expired = stored.lifetime.expires_at.is_some_and(|t| t <= now);
+        let (mut unit, mut outcome) = if stored.content != memory.content || expired {
+            // (An expired copy not yet swept is written again whole: revived.)
             let unit = self
                 .update_with(id, memory.content, Some(memory.metadata))
                 .await?;
-            return Ok(Upserted {
-                memory: unit,
-                outcome: UpsertOutcome::ContentUpdated,
-            });
-        }
-        if stored.metadata != memory.metadata {
-            // Replace, not merge: the fields the stored metadata has and the new one lacks
-            // are removed.
-            let mut patch: Metadata = stored
-                .metadata
-                .keys()
-                .filter(|k| !memory.metadata.contains_key(*k))
-                .map(|k| (k.clone(), serde_json::Value::Null))
-                .collect();
-            patch.extend(memory.metadata);
-            return Ok(Upserted {
-                memory: self.patch_metadata(id, patch).await?,
-                outcome: UpsertOutcome::MetadataUpdated,
-            });
+            (unit, UpsertOutcome::ContentUpdated)
+        } else if stored.metadata != memory.metadata {
+            let inner = self.inner.clone();
+            let metadata = memory.metadata;
+            let unit = blocking(move || inner.store.set_metadata(id, metadata)).await??;
+            (unit, UpsertOutcome::MetadataUpdated)
+        } else {
+            (stored, UpsertOutcome::Unchanged)
+        };
+        if unit.lifetime.expires_at != memory.lifetime.expires_at {
+            let inner = self.inner.clone();
+            let at = memory.lifetime.expires_at;
+            unit = blocking(move || inner.store.set_expiry(id, at)).await??;
+            if outcome == UpsertOutcome::Unchanged {
+                outcome = UpsertOutcome::ExpiryUpdated;
+            }
         }
         Ok(Upserted {
-            memory: stored,
-            outcome: UpsertOutcome::Unchanged,
+            memory: unit,
+            outcome,
         })
     }
 
@@ -176,15 +179,12 @@ impl MemoryHarness {
         let mut report = ForgetReport::default();
         if !ids.is_empty() {
             let inner = self.inner.clone();
+            // The texts of everything deleted (summaries left with no source too) go from
+            // the cache as well.
             let (deleted, detached, texts) = blocking(move || -> Result<_> {
-                // The texts go from the cache too; they are read before the rows go.
-                let mut texts = Vec::new();
-                if inner.cache.is_some() {
-                    for chunk in ids.chunks(500) {
-                        texts.extend(inner.store.get_found(chunk)?.into_iter().map(|m| m.content));
-                    }
-                }
-                let r = inner.store.delete_many(&ids, DeletePolicy::Detach)?;
+                let (r, texts) = inner
+                    .store
+                    .delete_many_with_texts(&ids, DeletePolicy::Detach)?;
                 Ok((r.deleted, r.detached, texts))
             })
             .await??;
@@ -225,7 +225,14 @@ impl MemoryHarness {
                     Ok(_) => report.resummarized.push(id),
                     Err(e) => {
                         tracing::warn!(%id, error = %e, "a summary of forgotten memories could not be rewritten; it is deleted");
-                        let r = self.delete_with(id, DeletePolicy::Detach).await?;
+                        let inner = self.inner.clone();
+                        let (r, texts) = blocking(move || {
+                            inner
+                                .store
+                                .delete_many_with_texts(&[id], DeletePolicy::Detach)
+                        })
+                        .await??;
+                        purge.extend(texts);
                         report.dropped.push(id);
                         report
                             .deleted

@@ -905,3 +905,134 @@ async fn late_turns_join_the_chunk_of_their_time() {
         .all(|w| w[0].created_at <= w[1].created_at));
     assert!(!mem.get(s1).await.unwrap().summary.unwrap().stale);
 }
+
+/// Review cases: deleting a middle version keeps one current version and the chain whole;
+/// a version superseded in the same batch is hidden; upsert replaces nested metadata whole,
+/// sets expiries and revives an expired copy; forgetting every source of a summary drops the
+/// summary's text from the embedding cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_upserts_and_cache_edge_cases() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(now()));
+    let mem = MemoryHarness::builder(dir.path().join("r.db"))
+        .embedder(hash())
+        .clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    let k = |t: &str, days: i64| {
+        NewMemory::new(MemoryKind::Knowledge, t).at(now() - Duration::days(days))
+    };
+    let a = mem.add(k("Team lead is Ada", 30)).await.unwrap();
+    let b = mem
+        .add(k("Team lead is Bo", 20).supersedes(a))
+        .await
+        .unwrap();
+    let c = mem
+        .add(k("Team lead is Cy", 10).supersedes(b))
+        .await
+        .unwrap();
+    mem.forget(Forget::Ids(vec![b])).await.unwrap();
+    let current: Vec<MemoryId> = mem
+        .search("team lead", SearchOptions::all().mode(SearchMode::Keyword))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.memory.id)
+        .collect();
+    assert_eq!(current, vec![c]);
+    let h = mem.history(c).await.unwrap();
+    assert_eq!(h.iter().map(|m| m.id).collect::<Vec<_>>(), vec![a, c]);
+    assert_eq!(h[0].lifetime.valid_to, Some(now() - Duration::days(10)));
+    assert_eq!(h[1].lifetime.supersedes, Some(a));
+
+    // Superseded within one batch.
+    let x = MemoryId::from_key("batch/x");
+    mem.add_many(vec![
+        k("Office in Leeds", 5).with_id(x),
+        k("Office in York", 1).supersedes(x),
+    ])
+    .await
+    .unwrap();
+    assert!(mem.get(x).await.unwrap().lifetime.valid_to.is_some());
+    let hits = mem
+        .search(
+            "office",
+            SearchOptions::all().mode(SearchMode::Vector).k(10),
+        )
+        .await
+        .unwrap();
+    assert!(hits.iter().all(|h| h.memory.id != x));
+
+    // Upsert replaces nested metadata whole, and is then unchanged.
+    let with = |meta: serde_json::Value| knowledge("prefs".into(), meta).with_key("prefs");
+    mem.upsert(with(json!({"prefs": {"a": 1, "b": 2}})))
+        .await
+        .unwrap();
+    let up = mem.upsert(with(json!({"prefs": {"a": 1}}))).await.unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::MetadataUpdated);
+    assert_eq!(
+        up.memory.metadata,
+        *json!({"prefs": {"a": 1}}).as_object().unwrap()
+    );
+    let up = mem.upsert(with(json!({"prefs": {"a": 1}}))).await.unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::Unchanged);
+    // Expiry: set by an upsert; an expired copy is a conflict for add and revived by upsert.
+    let soon = now() + Duration::hours(1);
+    let up = mem
+        .upsert(with(json!({"prefs": {"a": 1}})).expires_at(soon))
+        .await
+        .unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::ExpiryUpdated);
+    assert_eq!(up.memory.lifetime.expires_at, Some(soon));
+    clock.advance(Duration::hours(2));
+    let r = mem
+        .add(with(json!({"prefs": {"a": 1}})).expires_at(soon))
+        .await;
+    assert!(
+        matches!(r, Err(HarnessError::Store(StoreError::DuplicateId { .. }))),
+        "{r:?}"
+    );
+    let later = now() + Duration::days(1);
+    let up = mem
+        .upsert(with(json!({"prefs": {"a": 1}})).expires_at(later))
+        .await
+        .unwrap();
+    assert_eq!(up.outcome, UpsertOutcome::ContentUpdated);
+    assert_eq!(up.memory.lifetime.expires_at, Some(later));
+    assert_eq!(
+        mem.list_page(
+            Filter::all().meta(MetaFilter::new("prefs").exists(true)),
+            None,
+            10
+        )
+        .await
+        .unwrap()
+        .items
+        .len(),
+        1,
+        "revived: visible again"
+    );
+
+    // Forgetting every source of a summary drops the summary's text from the cache too.
+    let s1 = mem.add_knowledge("a fact to forget").await.unwrap();
+    let sum = mem
+        .add_summary("a summary quoting the fact to forget", &[s1], None)
+        .await
+        .unwrap();
+    let cache = mem.embedding_cache().unwrap().clone();
+    assert!(cache
+        .contains("a summary quoting the fact to forget")
+        .unwrap());
+    let r = mem.forget(Forget::Ids(vec![s1])).await.unwrap();
+    assert!(r.deleted.contains(&sum));
+    assert!(!cache
+        .contains("a summary quoting the fact to forget")
+        .unwrap());
+    // A huge half-life is refused, not a panic.
+    let bad = ContextOptions {
+        half_life_secs: Some(1e20),
+        ..ContextOptions::default()
+    };
+    assert!(bad.validate().is_err());
+}

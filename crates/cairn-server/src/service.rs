@@ -185,10 +185,14 @@ pub fn new_memory(m: AddMemory, at: &str) -> Result<NewMemory, ApiError> {
         let d = cairn_harness::parse_duration(t)
             .ok()
             .and_then(|d| chrono::Duration::from_std(d).ok())
+            .and_then(|d| chrono::Utc::now().checked_add_signed(d))
             .ok_or_else(|| {
-                ApiError::invalid(Some(&f("ttl")), format!("{t:?} is not a duration like 7d"))
+                ApiError::invalid(
+                    Some(&f("ttl")),
+                    format!("{t:?} is not a duration like 7d within the calendar"),
+                )
             })?;
-        out.lifetime.expires_at = Some(chrono::Utc::now() + d);
+        out.lifetime.expires_at = Some(d);
     }
     if let Some(t) = m.valid_from.as_deref() {
         out.lifetime.valid_from = Some(time(t, "valid_from")?);

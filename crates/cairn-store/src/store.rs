@@ -716,7 +716,7 @@ impl Store {
             let mut vids = Vec::with_capacity(prepared.len());
             let mut ended = Vec::new();
             for (unit, v, timed) in prepared {
-                if let Some(stored) = already_stored(&tx, &unit, timed)? {
+                if let Some(stored) = already_stored(&tx, &unit, timed, now)? {
                     out.push(stored);
                     continue;
                 }
@@ -729,8 +729,10 @@ impl Store {
                 fresh.push((unit, v));
             }
             tx.commit()?;
-            reattr_all(conn, shared, &ended);
+            // Entries first, then the ends of validity (a version superseded in the same
+            // batch is indexed as written, then re-read).
             index_committed(conn, shared, &fresh, &vids);
+            reattr_all(conn, shared, &ended);
             Ok(out)
         })
     }
@@ -753,6 +755,50 @@ impl Store {
                 params![id.as_bytes(), json],
             )?;
             tx.commit()?;
+            Ok(unit)
+        })
+    }
+
+    /// Replaces a memory's metadata whole (no merge), without touching its content or
+    /// embedding; returns the memory as stored.
+    pub fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit> {
+        check_metadata(&metadata)?;
+        self.write(move |conn, _shared| {
+            let tx = begin(conn)?;
+            let mut unit = rows::get_unit(&tx, id)?;
+            let json = serde_json::to_string(&metadata)
+                .map_err(|e| StoreError::Config(format!("metadata cannot be serialized: {e}")))?;
+            tx.execute(
+                "UPDATE memories SET metadata = ?2 WHERE id = ?1",
+                params![id.as_bytes(), json],
+            )?;
+            tx.commit()?;
+            unit.metadata = metadata;
+            Ok(unit)
+        })
+    }
+
+    /// Sets (or, with `None`, removes) a memory's expiry; returns the memory as stored.
+    pub fn set_expiry(
+        &self,
+        id: MemoryId,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> Result<MemoryUnit> {
+        self.write(move |conn, shared| {
+            let tx = begin(conn)?;
+            let (vid, level): (i64, u32) = tx
+                .query_row(
+                    "UPDATE memories SET expires_at = ?2 WHERE id = ?1 RETURNING vid, level",
+                    params![id.as_bytes(), expires_at.map(to_micros)],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?
+                .ok_or(StoreError::NotFound { id })?;
+            log_vids(&tx, shared, [vid_usize(vid)])?;
+            let unit = rows::get_unit(&tx, id)?;
+            tx.commit()?;
+            reattr_all(conn, shared, &[(vid_usize(vid), level)]);
+            after_commit(conn, shared);
             Ok(unit)
         })
     }
@@ -1302,8 +1348,19 @@ impl Store {
     /// deleted). A summary in the list that cites another memory of the list does not
     /// block it under `Restrict`. See [`Self::delete`].
     pub fn delete_many(&self, ids: &[MemoryId], policy: DeletePolicy) -> Result<DeleteReport> {
+        Ok(self.delete_many_with_texts(ids, policy)?.0)
+    }
+
+    /// [`Self::delete_many`], with the text of every memory deleted (in the report's order):
+    /// what an embedding cache keyed by text must forget too.
+    pub fn delete_many_with_texts(
+        &self,
+        ids: &[MemoryId],
+        policy: DeletePolicy,
+    ) -> Result<(DeleteReport, Vec<String>)> {
         let ids = ids.to_vec();
         self.write(move |conn, shared| {
+            let mut texts = Vec::new();
             let tx = begin(conn)?;
             let mut report = DeleteReport::default();
             let mut doomed: Vec<i64> = Vec::with_capacity(ids.len());
@@ -1318,7 +1375,14 @@ impl Store {
             let mut relevelled = Vec::new();
             match policy {
                 DeletePolicy::Restrict => {
-                    for (rid, id) in targets.iter().zip(&ids) {
+                    let mut named: HashMap<i64, MemoryId> = HashMap::with_capacity(ids.len());
+                    for id in &ids {
+                        named.entry(rows::rid_of(&tx, *id)?).or_insert(*id);
+                    }
+                    for rid in &targets {
+                        let Some(id) = named.get(rid).copied() else {
+                            continue;
+                        };
                         let citing: Vec<MemoryId> = citing_ids(&tx, *rid)?
                             .into_iter()
                             .filter(|(r, _)| !doomed_set.contains(r))
@@ -1326,7 +1390,7 @@ impl Store {
                             .collect();
                         if !citing.is_empty() {
                             return Err(StoreError::CitedBySummaries {
-                                id: *id,
+                                id,
                                 summaries: citing,
                             });
                         }
@@ -1384,23 +1448,43 @@ impl Store {
                     "DELETE FROM summary_sources WHERE summary = ?1 OR source = ?1",
                     params![r],
                 )?;
-                // The version a deleted memory superseded is current again; a later version
-                // loses its link to it.
-                let older: Option<i64> = tx.query_row(
-                    "SELECT supersedes FROM memories WHERE rid = ?1",
+                // A deleted version leaves the chain of its fact: the version before it
+                // now holds until the version after it starts (and again holds now when
+                // there is none), and the version after it supersedes the one before.
+                let (older, until): (Option<i64>, Option<i64>) = tx.query_row(
+                    "SELECT supersedes, valid_to FROM memories WHERE rid = ?1",
                     params![r],
-                    |x| x.get(0),
+                    |x| Ok((x.get(0)?, x.get(1)?)),
                 )?;
+                let newer: Option<(i64, i64)> = tx
+                    .query_row(
+                        "SELECT rid, COALESCE(valid_from, created_at) FROM memories
+                         WHERE supersedes = ?1 ORDER BY rid LIMIT 1",
+                        params![r],
+                        |x| Ok((x.get(0)?, x.get(1)?)),
+                    )
+                    .optional()?
+                    .filter(|(n, _)| !doomed_set.contains(n));
                 if let Some(o) = older.filter(|o| !doomed_set.contains(o)) {
+                    let o_until = match newer {
+                        Some((_, start)) => Some(start),
+                        None => until,
+                    };
                     if let Some((vid, level)) = tx
                         .query_row(
-                            "UPDATE memories SET valid_to = NULL WHERE rid = ?1 RETURNING vid, level",
-                            params![o],
+                            "UPDATE memories SET valid_to = ?2 WHERE rid = ?1 RETURNING vid, level",
+                            params![o, o_until],
                             |x| Ok((x.get::<_, i64>(0)?, x.get::<_, u32>(1)?)),
                         )
                         .optional()?
                     {
                         relevelled.push((vid_usize(vid), level));
+                    }
+                    if let Some((n, _)) = newer {
+                        tx.execute(
+                            "UPDATE memories SET supersedes = ?2 WHERE rid = ?1",
+                            params![n, o],
+                        )?;
                     }
                 }
                 tx.execute(
@@ -1421,6 +1505,7 @@ impl Store {
                 tx.execute("DELETE FROM memories WHERE rid = ?1", params![r])?;
                 vids.push(vid_usize(vid));
                 report.deleted.push(MemoryId::from_bytes(mid));
+                texts.push(content);
             }
             log_vids(
                 &tx,
@@ -1431,7 +1516,7 @@ impl Store {
             shared.index.remove(&vids);
             reattr_all(conn, shared, &relevelled);
             after_commit(conn, shared);
-            Ok(report)
+            Ok((report, texts))
         })
     }
 
@@ -2285,7 +2370,12 @@ fn insert_row(
 /// The stored memory with `u`'s id when it is the same memory (kind, thread, role, content,
 /// metadata, and time when one was given): adding it again is a retry, not a new memory.
 /// `None` when the id is free; `DuplicateId` when another memory holds it.
-fn already_stored(tx: &Transaction<'_>, u: &MemoryUnit, timed: bool) -> Result<Option<MemoryUnit>> {
+fn already_stored(
+    tx: &Transaction<'_>,
+    u: &MemoryUnit,
+    timed: bool,
+    now: DateTime<Utc>,
+) -> Result<Option<MemoryUnit>> {
     let exists: bool = tx
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM memories WHERE id = ?1)")?
         .query_row(params![u.id.as_bytes()], |r| r.get(0))?;
@@ -2293,7 +2383,11 @@ fn already_stored(tx: &Transaction<'_>, u: &MemoryUnit, timed: bool) -> Result<O
         return Ok(None);
     }
     let stored = rows::get_unit(tx, u.id)?;
-    let same = stored.kind == u.kind
+    // An expired copy (not yet swept) is not returned as if it were live: adding it again
+    // is a conflict (an upsert revives it).
+    let expired = stored.lifetime.expires_at.is_some_and(|t| t <= now);
+    let same = !expired
+        && stored.kind == u.kind
         && stored.thread_id == u.thread_id
         && stored.role == u.role
         && stored.content == u.content
