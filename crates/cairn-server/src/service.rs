@@ -150,18 +150,6 @@ pub fn new_memory(m: AddMemory, at: &str) -> Result<NewMemory, ApiError> {
             })
         })
         .transpose()?;
-    if let Some(t) = m.created_at.as_deref() {
-        let at = chrono::DateTime::parse_from_rfc3339(t).map_err(|e| {
-            ApiError::invalid(
-                Some(&f("created_at")),
-                format!("{t:?} is not an RFC 3339 time: {e}"),
-            )
-        })?;
-        out.created_at = Some(at.with_timezone(&chrono::Utc));
-    }
-    if let Some(md) = m.metadata {
-        out.metadata = md;
-    }
     let time = |t: &str, name: &str| {
         chrono::DateTime::parse_from_rfc3339(t)
             .map(|t| t.with_timezone(&chrono::Utc))
@@ -172,6 +160,12 @@ pub fn new_memory(m: AddMemory, at: &str) -> Result<NewMemory, ApiError> {
                 )
             })
     };
+    if let Some(t) = m.created_at.as_deref() {
+        out.created_at = Some(time(t, "created_at")?);
+    }
+    if let Some(md) = m.metadata {
+        out.metadata = md;
+    }
     if m.expires_at.is_some() && m.ttl.is_some() {
         return Err(ApiError::invalid(
             Some(&f("ttl")),

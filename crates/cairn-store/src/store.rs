@@ -743,10 +743,26 @@ impl Store {
     /// they are (their text does not depend on metadata).
     pub fn patch_metadata(&self, id: MemoryId, patch: Metadata) -> Result<MemoryUnit> {
         check_metadata(&patch)?;
+        self.rewrite_metadata(id, move |m| merge_patch(m, patch))
+    }
+
+    /// Replaces a memory's metadata whole (no merge), without touching its content or
+    /// embedding; returns the memory as stored.
+    pub fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit> {
+        check_metadata(&metadata)?;
+        self.rewrite_metadata(id, move |m| *m = metadata)
+    }
+
+    /// Applies `change` to a memory's metadata in one transaction (checked after).
+    fn rewrite_metadata(
+        &self,
+        id: MemoryId,
+        change: impl FnOnce(&mut Metadata) + Send + 'static,
+    ) -> Result<MemoryUnit> {
         self.write(move |conn, _shared| {
             let tx = begin(conn)?;
             let mut unit = rows::get_unit(&tx, id)?;
-            merge_patch(&mut unit.metadata, patch);
+            change(&mut unit.metadata);
             check_metadata(&unit.metadata)?;
             let json = serde_json::to_string(&unit.metadata)
                 .map_err(|e| StoreError::Config(format!("metadata cannot be serialized: {e}")))?;
@@ -755,25 +771,6 @@ impl Store {
                 params![id.as_bytes(), json],
             )?;
             tx.commit()?;
-            Ok(unit)
-        })
-    }
-
-    /// Replaces a memory's metadata whole (no merge), without touching its content or
-    /// embedding; returns the memory as stored.
-    pub fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit> {
-        check_metadata(&metadata)?;
-        self.write(move |conn, _shared| {
-            let tx = begin(conn)?;
-            let mut unit = rows::get_unit(&tx, id)?;
-            let json = serde_json::to_string(&metadata)
-                .map_err(|e| StoreError::Config(format!("metadata cannot be serialized: {e}")))?;
-            tx.execute(
-                "UPDATE memories SET metadata = ?2 WHERE id = ?1",
-                params![id.as_bytes(), json],
-            )?;
-            tx.commit()?;
-            unit.metadata = metadata;
             Ok(unit)
         })
     }
