@@ -1551,7 +1551,8 @@ fn threads_never_leak_into_each_other() {
 fn sql_is_built_with_parameters_only() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // `marks` is `?, ?, …` (placeholders only), `extra`, `TIMELINE_COLS` and `ATTR_COLS` literal column
-    // lists, `order` one of two literal ORDER BY lists.
+    // lists, `order` one of two literal ORDER BY lists, `schema` the PostgreSQL store's
+    // schema name (checked to be `[a-z_][a-z0-9_]*` before any connection).
     let allowed = [
         "cond",
         "cols",
@@ -1562,6 +1563,7 @@ fn sql_is_built_with_parameters_only() {
         "marks",
         "extra",
         "order",
+        "schema",
     ];
     let sql_words = [
         "SELECT ", "INSERT ", "UPDATE ", "DELETE ", "WHERE ", "PRAGMA ", "CREATE ",

@@ -118,6 +118,22 @@ pub enum StoreError {
     /// An SQLite error not covered above.
     #[error("sqlite: {0}")]
     Sqlite(rusqlite::Error),
+    /// An error of a database server backend (PostgreSQL): connection, query or pool.
+    #[error("{backend}: {message}")]
+    Backend {
+        /// The backend (`"postgres"`).
+        backend: &'static str,
+        /// What the server or driver said.
+        message: String,
+    },
+    /// The backend does not do this (yet); nothing was written.
+    #[error("the {backend} backend does not support {what}")]
+    Unsupported {
+        /// The backend.
+        backend: &'static str,
+        /// What was asked.
+        what: &'static str,
+    },
     /// An I/O error (index snapshot files).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),

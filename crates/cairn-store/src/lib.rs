@@ -33,6 +33,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 pub mod hnsw;
 mod index;
@@ -41,6 +44,7 @@ mod rows;
 mod schema;
 mod store;
 
+pub use backend::MemoryBackend;
 pub use error::{Result, StoreError};
 pub use index::{snapshot_dir, IndexHealth, Manifest, SNAPSHOT_FORMAT};
 pub use options::{DeletePolicy, HnswParams, StoreOptions};

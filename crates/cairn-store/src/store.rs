@@ -678,48 +678,19 @@ impl Store {
     /// Inserts memories in one transaction: all of them or none.
     pub fn insert_batch(&self, items: Vec<(NewMemory, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
         let now = self.inner.shared.options.clock.now();
-        let mut prepared = Vec::with_capacity(items.len());
-        let mut seen = HashSet::new();
-        for (m, v) in items {
-            m.validate()?;
-            if m.kind == MemoryKind::Summary {
-                return Err(InputError::UnknownName {
-                    what: "kind for insert (summaries go through add_summary)",
-                    value: "summary".into(),
-                }
-                .into());
-            }
-            let id = m.id.unwrap_or_default();
-            if !seen.insert(id) {
-                return Err(StoreError::DuplicateId { id });
-            }
-            let timed = m.created_at.is_some();
-            let created = m.created_at.unwrap_or(now);
-            let unit = MemoryUnit {
-                id,
-                kind: m.kind,
-                thread_id: m.thread_id,
-                role: m.role,
-                content: m.content,
-                created_at: created,
-                metadata: m.metadata,
-                level: 0,
-                summary: None,
-                lifetime: m.lifetime,
-            };
-            prepared.push((unit, self.prepare_vector(v)?, timed));
-        }
+        let prepared = crate::backend::prepare_memories(items, self.inner.shared.options.dim, now)?;
         self.write(move |conn, shared| {
             let tx = begin(conn)?;
             let mut out = Vec::with_capacity(prepared.len());
             let mut fresh = Vec::with_capacity(prepared.len());
             let mut vids = Vec::with_capacity(prepared.len());
             let mut ended = Vec::new();
-            for (unit, v, timed) in prepared {
-                if let Some(stored) = already_stored(&tx, &unit, timed, now)? {
+            for p in prepared {
+                if let Some(stored) = already_stored(&tx, &p, now)? {
                     out.push(stored);
                     continue;
                 }
+                let (unit, v) = (p.unit, p.vector);
                 if let Some(old) = unit.lifetime.supersedes {
                     let until = unit.lifetime.valid_from.unwrap_or(unit.created_at);
                     ended.push(supersede(&tx, shared, old, unit.id, until)?);
@@ -878,22 +849,7 @@ impl Store {
         state: Option<ThreadState>,
         embedding: Vec<f32>,
     ) -> Result<MemoryUnit> {
-        cairn_core::NewMemory::new(MemoryKind::Summary, summary.content.clone())
-            .with_metadata(summary.metadata.clone())
-            .validate()?;
-        if summary.source_ids.is_empty() {
-            return Err(StoreError::EmptySources);
-        }
-        let id = summary.id.unwrap_or_default();
-        let mut seen = HashSet::new();
-        for s in previous.iter().chain(&summary.source_ids) {
-            if *s == id {
-                return Err(StoreError::SelfReference { id });
-            }
-            if !seen.insert(*s) {
-                return Err(StoreError::DuplicateSource { id: *s });
-            }
-        }
+        let id = crate::backend::check_summary(&summary, previous)?;
         let v = self.prepare_vector(embedding)?;
         let now = self.inner.shared.options.clock.now();
         self.write(move |conn, shared| {
@@ -926,7 +882,7 @@ impl Store {
                 thread_id: summary.thread_id.clone(),
                 role: None,
                 content: summary.content.clone(),
-                created_at: summary.created_at.unwrap_or(now),
+                created_at: crate::backend::to_stored_time(summary.created_at.unwrap_or(now)),
                 metadata: summary.metadata.clone(),
                 level,
                 summary: Some(cairn_core::SummaryInfo {
@@ -2369,31 +2325,23 @@ fn insert_row(
 /// `None` when the id is free; `DuplicateId` when another memory holds it.
 fn already_stored(
     tx: &Transaction<'_>,
-    u: &MemoryUnit,
-    timed: bool,
+    p: &crate::backend::PreparedMemory,
     now: DateTime<Utc>,
 ) -> Result<Option<MemoryUnit>> {
+    let id = p.unit.id;
     let exists: bool = tx
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM memories WHERE id = ?1)")?
-        .query_row(params![u.id.as_bytes()], |r| r.get(0))?;
+        .query_row(params![id.as_bytes()], |r| r.get(0))?;
     if !exists {
         return Ok(None);
     }
-    let stored = rows::get_unit(tx, u.id)?;
+    let stored = rows::get_unit(tx, id)?;
     // An expired copy (not yet swept) is not returned as if it were live: adding it again
     // is a conflict (an upsert revives it).
-    let expired = stored.lifetime.expires_at.is_some_and(|t| t <= now);
-    let same = !expired
-        && stored.kind == u.kind
-        && stored.thread_id == u.thread_id
-        && stored.role == u.role
-        && stored.content == u.content
-        && stored.metadata == u.metadata
-        && (!timed || stored.created_at == u.created_at);
-    if same {
+    if crate::backend::same_memory(&stored, p, now) {
         Ok(Some(stored))
     } else {
-        Err(StoreError::DuplicateId { id: u.id })
+        Err(StoreError::DuplicateId { id })
     }
 }
 
@@ -2672,36 +2620,41 @@ fn check_thread(
     source: MemoryId,
     facts: &SourceFacts,
 ) -> Result<()> {
-    let mismatch = |id: MemoryId, st: &str, t: &str| StoreError::ThreadMismatch {
-        id,
-        source_thread: st.to_owned(),
-        summary_thread: t.to_owned(),
+    let link = crate::backend::SourceLink {
+        id: source,
+        level: facts.level,
+        thread: facts.thread.clone(),
+        continues: false,
     };
-    match (summary_thread, facts.thread.as_deref()) {
-        (Some(t), Some(st)) if t != st => Err(mismatch(source, st, t)),
-        (Some(t), None) if facts.level > 0 => {
-            let below = conn
-                .prepare_cached(
-                    "WITH RECURSIVE down(r) AS (
-                        SELECT source FROM summary_sources WHERE summary = ?1
-                        UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
-                     SELECT m.id, m.thread_id FROM memories m
-                      WHERE m.rid IN (SELECT r FROM down)
-                        AND m.thread_id IS NOT NULL AND m.thread_id != ?2 LIMIT 1",
-                )?
-                .query_row(params![facts.rid, t], |r| {
-                    Ok((
-                        MemoryId::from_bytes(r.get::<_, [u8; 16]>(0)?),
-                        r.get::<_, String>(1)?,
-                    ))
-                })
-                .optional()?;
-            match below {
-                Some((id, st)) => Err(mismatch(id, &st, t)),
-                None => Ok(()),
-            }
-        }
-        _ => Ok(()),
+    let (true, Some(t)) = (
+        crate::backend::check_link_thread(summary_thread, &link)?,
+        summary_thread,
+    ) else {
+        return Ok(());
+    };
+    let below = conn
+        .prepare_cached(
+            "WITH RECURSIVE down(r) AS (
+                SELECT source FROM summary_sources WHERE summary = ?1
+                UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+             SELECT m.id, m.thread_id FROM memories m
+              WHERE m.rid IN (SELECT r FROM down)
+                AND m.thread_id IS NOT NULL AND m.thread_id != ?2 LIMIT 1",
+        )?
+        .query_row(params![facts.rid, t], |r| {
+            Ok((
+                MemoryId::from_bytes(r.get::<_, [u8; 16]>(0)?),
+                r.get::<_, String>(1)?,
+            ))
+        })
+        .optional()?;
+    match below {
+        Some((id, st)) => Err(StoreError::ThreadMismatch {
+            id,
+            source_thread: st,
+            summary_thread: t.to_owned(),
+        }),
+        None => Ok(()),
     }
 }
 

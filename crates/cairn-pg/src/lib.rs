@@ -1,0 +1,1104 @@
+//! PostgreSQL + pgvector backend for Cairn: [`PgStore`] implements
+//! [`cairn_store::MemoryBackend`] with the same behaviour as the embedded SQLite store
+//! (checked by the shared conformance suite), for deployments that outgrow one file:
+//! several Cairn processes on one database see each other's writes at once (there is no
+//! local index to catch up).
+//!
+//! * Rows live in `memories` (one schema per store, [`PgOptions::schema`]) with a
+//!   `vector(dim)` column under an HNSW index (cosine) and a generated `tsvector` under a
+//!   GIN index; summary links in `summary_sources`, walked with recursive CTEs.
+//! * Every write is one transaction. Migrations are versioned in `cairn_meta` and run under
+//!   an advisory lock, so processes opening the same store at once do not race.
+//! * Filtered vector search: pgvector 0.6 filters after its HNSW walk, which can return
+//!   fewer than k rows. A filter admitting at most [`EXACT_SCAN_MAX`] memories is answered
+//!   by an exact scan of those rows; a wider one walks the index with a larger
+//!   `hnsw.ef_search` and falls back to the exact scan when the walk comes back short.
+//! * Every method blocks (on the store's own small Tokio runtime): call it from a plain
+//!   thread or `spawn_blocking`, as the harness does with the SQLite store.
+//!
+//! ```no_run
+//! use cairn_pg::{PgOptions, PgStore};
+//! use cairn_store::MemoryBackend;
+//!
+//! let store = PgStore::open(PgOptions::new("host=127.0.0.1 user=cairn dbname=cairn", "all-MiniLM-L6-v2", 384))?;
+//! println!("{} threads", store.threads()?.len());
+//! # Ok::<(), cairn_store::StoreError>(())
+//! ```
+
+mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
+use pgvector::Vector;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use cairn_core::{
+    normalized, validate_vector, Clock, MemoryId, MemoryKind, MemoryUnit, NewMemory, SummaryInfo,
+    SystemClock, ThreadId,
+};
+use cairn_store::backend::{
+    check_link_thread, check_summary, prepare_memories, same_memory, summary_level, to_stored_time,
+    PreparedMemory, SourceLink,
+};
+use cairn_store::{
+    DeletePolicy, DeleteReport, Filter, Hit, MemoryBackend, NewSummary, Result, StoreError,
+};
+
+use crate::sql::{Query, COLS};
+
+/// A filter admitting at most this many memories is answered by an exact scan of them.
+pub const EXACT_SCAN_MAX: i64 = 20_000;
+
+/// Where and how to open a PostgreSQL store.
+#[derive(Clone)]
+pub struct PgOptions {
+    /// A libpq connection string (`host=... user=... dbname=...`) or URL
+    /// (`postgres://user@host:port/db`).
+    pub url: String,
+    /// The schema holding this store's tables (created when missing): one store per schema,
+    /// so one database can hold several. `[a-z_][a-z0-9_]*`, at most 63 bytes; default `cairn`.
+    pub schema: String,
+    /// The embedding model's id (a store is bound to one model, as the SQLite store is).
+    pub model_id: String,
+    /// The embedding dimension.
+    pub dim: usize,
+    /// Most connections held open. Default 8.
+    pub pool_size: usize,
+    /// The clock that dates memories written without a time.
+    pub clock: Arc<dyn Clock>,
+    /// A filtered vector search whose filter admits at most this many memories scores
+    /// them all exactly instead of walking the HNSW index. Default [`EXACT_SCAN_MAX`].
+    pub exact_scan_max: i64,
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("schema", &self.schema)
+            .field("model_id", &self.model_id)
+            .field("dim", &self.dim)
+            .field("pool_size", &self.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgOptions {
+    /// Options for `url` with a model of `dim` dimensions, schema `cairn`.
+    pub fn new(url: impl Into<String>, model_id: impl Into<String>, dim: usize) -> Self {
+        Self {
+            url: url.into(),
+            schema: "cairn".into(),
+            model_id: model_id.into(),
+            dim,
+            pool_size: 8,
+            clock: Arc::new(SystemClock),
+            exact_scan_max: EXACT_SCAN_MAX,
+        }
+    }
+
+    /// Sets the schema.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Sets the clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        let s = self.schema.as_bytes();
+        let ok = !s.is_empty()
+            && s.len() <= 63
+            && (s[0].is_ascii_lowercase() || s[0] == b'_')
+            && s.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_');
+        if !ok {
+            return Err(StoreError::Config(format!(
+                "schema {:?}: expected [a-z_][a-z0-9_]*, at most 63 bytes",
+                self.schema
+            )));
+        }
+        if self.dim == 0 || self.dim > 16_000 {
+            return Err(StoreError::Config(format!(
+                "dimension {} (pgvector's HNSW index takes 1 to 2,000; columns up to 16,000)",
+                self.dim
+            )));
+        }
+        if self.pool_size == 0 || self.pool_size > 1_000 {
+            return Err(StoreError::Config(format!(
+                "pool size {} (expected 1 to 1,000)",
+                self.pool_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A Cairn store in PostgreSQL (see the crate documentation).
+pub struct PgStore {
+    rt: tokio::runtime::Runtime,
+    pool: Pool,
+    options: PgOptions,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A driver or pool error as a store error.
+fn pg(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend {
+        backend: "postgres",
+        message: e.to_string(),
+    }
+}
+
+/// Whether `e` is a unique violation (SQLSTATE 23505).
+fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+}
+
+type Param = Box<dyn ToSql + Sync + Send>;
+
+fn refs(params: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+impl PgStore {
+    /// Connects, creates the pgvector extension, the schema and its tables when missing
+    /// (migrating an older schema), and checks the store's model and dimension
+    /// ([`StoreError::ModelMismatch`] when they differ).
+    pub fn open(options: PgOptions) -> Result<Self> {
+        options.validate()?;
+        let mut config: tokio_postgres::Config = options.url.parse().map_err(pg)?;
+        config.options(format!("-c search_path={},public", options.schema));
+        if config.get_application_name().is_none() {
+            config.application_name("cairn");
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .build()
+            .map_err(pg)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("cairn-pg")
+            .enable_all()
+            .build()?;
+        let store = Self { rt, pool, options };
+        let options = store.options.clone();
+        store.block(move |c| async move { sql::migrate(&c, &options).await })?;
+        Ok(store)
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &PgOptions {
+        &self.options
+    }
+
+    /// Runs `f` with a pooled connection, blocking until it finishes.
+    fn block<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(deadpool_postgres::Object) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        self.rt.block_on(async {
+            let client = self.pool.get().await.map_err(pg)?;
+            f(client).await
+        })
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.options.clock.now()
+    }
+
+    fn prepare_vector(&self, v: Vec<f32>) -> Result<Vector> {
+        validate_vector(&v, self.options.dim)?;
+        Ok(Vector::from(normalized(v)?))
+    }
+
+    /// Drops this store's schema and everything in it (tests, `cairn` tools).
+    pub fn drop_schema(self) -> Result<()> {
+        let schema = self.options.schema.clone();
+        self.block(move |c| async move {
+            c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                .await
+                .map_err(pg)
+        })
+    }
+}
+
+/// Reads memories with the rows of a query selecting [`COLS`] (plus optional trailing
+/// columns), attaching summary sources.
+async fn units<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<MemoryUnit>> {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut summaries: Vec<(usize, i64)> = Vec::new();
+    for r in rows {
+        let (rid, unit) = sql::decode(r)?;
+        if unit.summary.is_some() {
+            summaries.push((out.len(), rid));
+        }
+        out.push(unit);
+    }
+    if !summaries.is_empty() {
+        let rids: Vec<i64> = summaries.iter().map(|(_, r)| *r).collect();
+        let links = c
+            .query(
+                "SELECT l.summary, s.id FROM summary_sources l JOIN memories s ON s.rid = l.source
+                 WHERE l.summary = ANY($1) ORDER BY l.summary, l.position",
+                &[&rids],
+            )
+            .await
+            .map_err(pg)?;
+        let mut by: HashMap<i64, Vec<MemoryId>> = HashMap::new();
+        for l in links {
+            let id: uuid::Uuid = l.get(1);
+            by.entry(l.get(0))
+                .or_default()
+                .push(MemoryId::from_uuid(id));
+        }
+        for (i, rid) in summaries {
+            if let Some(info) = out[i].summary.as_mut() {
+                info.source_ids = by.remove(&rid).unwrap_or_default();
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn query_units<C: GenericClient + Sync>(c: &C, q: &Query) -> Result<Vec<MemoryUnit>> {
+    let rows = c.query(&q.text, &refs(&q.params)).await.map_err(pg)?;
+    units(c, &rows).await
+}
+
+async fn get_unit<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<MemoryUnit> {
+    let rows = c
+        .query(
+            &format!("SELECT {COLS} FROM memories m WHERE m.id = $1"),
+            &[&id.uuid()],
+        )
+        .await
+        .map_err(pg)?;
+    units(c, &rows)
+        .await?
+        .pop()
+        .ok_or(StoreError::NotFound { id })
+}
+
+async fn rid_of<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64> {
+    c.query_opt("SELECT rid FROM memories WHERE id = $1", &[&id.uuid()])
+        .await
+        .map_err(pg)?
+        .map(|r| r.get(0))
+        .ok_or(StoreError::NotFound { id })
+}
+
+async fn summary_rid<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64> {
+    let row = c
+        .query_opt(
+            "SELECT rid, kind FROM memories WHERE id = $1",
+            &[&id.uuid()],
+        )
+        .await
+        .map_err(pg)?
+        .ok_or(StoreError::NotFound { id })?;
+    let kind: String = row.get(1);
+    if kind != MemoryKind::Summary.as_str() {
+        return Err(StoreError::NotASummary { id });
+    }
+    Ok(row.get(0))
+}
+
+async fn ancestor_rids<C: GenericClient + Sync>(c: &C, rid: i64) -> Result<Vec<i64>> {
+    let rows = c
+        .query(
+            "WITH RECURSIVE up(r) AS (
+                SELECT summary FROM summary_sources WHERE source = $1
+                UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
+             SELECT r FROM up",
+            &[&rid],
+        )
+        .await
+        .map_err(pg)?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+async fn citing<C: GenericClient + Sync>(c: &C, rid: i64) -> Result<Vec<(i64, MemoryId)>> {
+    let rows = c
+        .query(
+            "SELECT m.rid, m.id FROM summary_sources l JOIN memories m ON m.rid = l.summary
+             WHERE l.source = $1 ORDER BY m.rid",
+            &[&rid],
+        )
+        .await
+        .map_err(pg)?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), MemoryId::from_uuid(r.get::<_, uuid::Uuid>(1))))
+        .collect())
+}
+
+/// Recomputes level, time range and source count of summaries (children before parents,
+/// repeated until stable), as the SQLite store does after a detach.
+async fn refresh_summaries<C: GenericClient + Sync>(c: &C, rids: &[i64]) -> Result<()> {
+    for _ in 0..=rids.len() {
+        let mut any = false;
+        for r in rids {
+            let row = c
+                .query_one(
+                    "WITH agg AS (
+                        SELECT COALESCE(MAX(s.level + 1 - l.continues::int), 0) AS lv,
+                               MIN(COALESCE(s.time_start, s.created_at)) AS t0,
+                               MAX(COALESCE(s.time_end, s.created_at)) AS t1,
+                               count(*)::int AS n
+                        FROM summary_sources l JOIN memories s ON s.rid = l.source
+                        WHERE l.summary = $1)
+                     UPDATE memories m SET level = GREATEST(agg.lv, 1),
+                        time_start = COALESCE(agg.t0, m.time_start),
+                        time_end = COALESCE(agg.t1, m.time_end), source_count = agg.n
+                     FROM agg, (SELECT level AS before FROM memories WHERE rid = $1) b
+                     WHERE m.rid = $1
+                     RETURNING b.before, m.level",
+                    &[r],
+                )
+                .await
+                .map_err(pg)?;
+            let (before, after): (i32, i32) = (row.get(0), row.get(1));
+            any |= before != after;
+        }
+        if !any {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Inserts one new memory (ending the validity of the one it supersedes).
+async fn insert_one<C: GenericClient + Sync>(c: &C, p: &PreparedMemory, model: &str) -> Result<()> {
+    let u = &p.unit;
+    let mut supersedes: Option<i64> = None;
+    if let Some(old) = u.lifetime.supersedes {
+        let until = u.lifetime.valid_from.unwrap_or(u.created_at);
+        supersedes = Some(supersede(c, old, u.id, until).await?);
+    }
+    let r = c
+        .execute(
+            "INSERT INTO memories (id, kind, thread_id, role, content, created_at, metadata,
+                level, expires_at, valid_from, valid_to, supersedes, model_id, embedding)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10, $11, $12, $13)",
+            &[
+                &u.id.uuid(),
+                &u.kind.as_str(),
+                &u.thread_id.as_ref().map(ThreadId::as_str),
+                &u.role.map(|r| r.as_str()),
+                &u.content,
+                &u.created_at,
+                &serde_json::Value::Object(u.metadata.clone()),
+                &u.lifetime.expires_at,
+                &u.lifetime.valid_from,
+                &u.lifetime.valid_to,
+                &supersedes,
+                &model,
+                &Vector::from(p.vector.clone()),
+            ],
+        )
+        .await;
+    match r {
+        Err(e) if is_unique_violation(&e) => Err(StoreError::DuplicateId { id: u.id }),
+        r => r.map(|_| ()).map_err(pg),
+    }
+}
+
+/// Inserts new memories (none superseding another) with one statement, in batch order.
+async fn insert_many<C: GenericClient + Sync>(
+    c: &C,
+    fresh: &[PreparedMemory],
+    model: &str,
+) -> Result<()> {
+    let ids: Vec<uuid::Uuid> = fresh.iter().map(|p| p.unit.id.uuid()).collect();
+    let kinds: Vec<&str> = fresh.iter().map(|p| p.unit.kind.as_str()).collect();
+    let threads: Vec<Option<&str>> = fresh
+        .iter()
+        .map(|p| p.unit.thread_id.as_ref().map(ThreadId::as_str))
+        .collect();
+    let roles: Vec<Option<&str>> = fresh
+        .iter()
+        .map(|p| p.unit.role.map(|r| r.as_str()))
+        .collect();
+    let contents: Vec<&str> = fresh.iter().map(|p| p.unit.content.as_str()).collect();
+    let times: Vec<DateTime<Utc>> = fresh.iter().map(|p| p.unit.created_at).collect();
+    let metas: Vec<serde_json::Value> = fresh
+        .iter()
+        .map(|p| serde_json::Value::Object(p.unit.metadata.clone()))
+        .collect();
+    let expires: Vec<Option<DateTime<Utc>>> =
+        fresh.iter().map(|p| p.unit.lifetime.expires_at).collect();
+    let from: Vec<Option<DateTime<Utc>>> =
+        fresh.iter().map(|p| p.unit.lifetime.valid_from).collect();
+    let to: Vec<Option<DateTime<Utc>>> = fresh.iter().map(|p| p.unit.lifetime.valid_to).collect();
+    let vectors: Vec<Vector> = fresh
+        .iter()
+        .map(|p| Vector::from(p.vector.clone()))
+        .collect();
+    let written = c
+        .query(
+            "INSERT INTO memories (id, kind, thread_id, role, content, created_at, metadata,
+                level, expires_at, valid_from, valid_to, model_id, embedding)
+             SELECT r.id, r.kind, r.thread_id, r.role, r.content, r.created_at, r.metadata, 0,
+                    r.expires_at, r.valid_from, r.valid_to, $12, r.embedding
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::timestamptz[], $7::jsonb[], $8::timestamptz[], $9::timestamptz[],
+                         $10::timestamptz[], $11::vector[])
+                  WITH ORDINALITY AS r (id, kind, thread_id, role, content, created_at,
+                                        metadata, expires_at, valid_from, valid_to, embedding, n)
+             ORDER BY r.n
+             ON CONFLICT (id) DO NOTHING
+             RETURNING id",
+            &[
+                &ids, &kinds, &threads, &roles, &contents, &times, &metas, &expires, &from, &to,
+                &vectors, &model,
+            ],
+        )
+        .await
+        .map_err(pg)?;
+    if written.len() < ids.len() {
+        // Another writer stored one of these ids since this batch looked.
+        let got: HashSet<uuid::Uuid> = written.iter().map(|r| r.get(0)).collect();
+        if let Some(id) = ids.iter().find(|id| !got.contains(id)) {
+            return Err(StoreError::DuplicateId {
+                id: MemoryId::from_uuid(*id),
+            });
+        }
+    }
+    Ok(())
+}
+
+impl MemoryBackend for PgStore {
+    fn backend_name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn dimension(&self) -> usize {
+        self.options.dim
+    }
+
+    fn insert_batch(&self, items: Vec<(NewMemory, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
+        let now = self.now();
+        let prepared = prepare_memories(items, self.options.dim, now)?;
+        let model = self.options.model_id.clone();
+        self.block(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            let ids: Vec<uuid::Uuid> = prepared.iter().map(|p| p.unit.id.uuid()).collect();
+            let taken: HashSet<uuid::Uuid> = tx
+                .query("SELECT id FROM memories WHERE id = ANY($1)", &[&ids])
+                .await
+                .map_err(pg)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            // What each position returns: the stored copy of a retry, or the new row.
+            let mut out = Vec::with_capacity(prepared.len());
+            let mut fresh = Vec::with_capacity(prepared.len());
+            for p in prepared {
+                if taken.contains(&p.unit.id.uuid()) {
+                    let stored = get_unit(&tx, p.unit.id).await?;
+                    if !same_memory(&stored, &p, now) {
+                        return Err(StoreError::DuplicateId { id: p.unit.id });
+                    }
+                    out.push(stored);
+                } else {
+                    out.push(p.unit.clone());
+                    fresh.push(p);
+                }
+            }
+            if fresh.iter().any(|p| p.unit.lifetime.supersedes.is_some()) {
+                // In order, one row at a time: a memory may supersede one written earlier
+                // in the same batch.
+                for p in &fresh {
+                    insert_one(&tx, p, &model).await?;
+                }
+            } else if !fresh.is_empty() {
+                insert_many(&tx, &fresh, &model).await?;
+            }
+            tx.commit().await.map_err(pg)?;
+            Ok(out)
+        })
+    }
+
+    fn add_summary(&self, summary: NewSummary, embedding: Vec<f32>) -> Result<MemoryUnit> {
+        let id = check_summary(&summary, None)?;
+        let v = self.prepare_vector(embedding)?;
+        let created = to_stored_time(summary.created_at.unwrap_or_else(|| self.now()));
+        let model = self.options.model_id.clone();
+        self.block(move |mut c| {
+            async move {
+                let tx = c.transaction().await.map_err(pg)?;
+                let thread = summary.thread_id.as_ref().map(ThreadId::as_str);
+                let mut links = Vec::with_capacity(summary.source_ids.len());
+                let mut facts = Vec::with_capacity(summary.source_ids.len());
+                for sid in &summary.source_ids {
+                    let row = tx
+                        .query_opt(
+                            "SELECT rid, level, COALESCE(time_start, created_at),
+                                    COALESCE(time_end, created_at), thread_id
+                             FROM memories WHERE id = $1",
+                            &[&sid.uuid()],
+                        )
+                        .await
+                        .map_err(pg)?
+                        .ok_or(StoreError::NotFound { id: *sid })?;
+                    let level: i32 = row.get(1);
+                    let link = SourceLink {
+                        id: *sid,
+                        level: u32::try_from(level).unwrap_or(0),
+                        thread: row.get(4),
+                        continues: false,
+                    };
+                    if let (true, Some(t)) = (check_link_thread(thread, &link)?, thread) {
+                        let below = tx
+                            .query_opt(
+                                "WITH RECURSIVE down(r) AS (
+                                    SELECT source FROM summary_sources WHERE summary = $1
+                                    UNION SELECT l.source FROM summary_sources l
+                                          JOIN down ON l.summary = down.r)
+                                 SELECT m.id, m.thread_id FROM memories m
+                                  WHERE m.rid IN (SELECT r FROM down)
+                                    AND m.thread_id IS NOT NULL AND m.thread_id <> $2 LIMIT 1",
+                                &[&row.get::<_, i64>(0), &t],
+                            )
+                            .await
+                            .map_err(pg)?;
+                        if let Some(b) = below {
+                            return Err(StoreError::ThreadMismatch {
+                                id: MemoryId::from_uuid(b.get::<_, uuid::Uuid>(0)),
+                                source_thread: b.get(1),
+                                summary_thread: t.to_owned(),
+                            });
+                        }
+                    }
+                    let t0: DateTime<Utc> = row.get(2);
+                    let t1: DateTime<Utc> = row.get(3);
+                    facts.push((row.get::<_, i64>(0), t0, t1));
+                    links.push(link);
+                }
+                let level = summary_level(&links);
+                let start = facts.iter().map(|f| f.1).min().unwrap_or(created);
+                let end = facts.iter().map(|f| f.2).max().unwrap_or(created);
+                let unit = MemoryUnit {
+                    id,
+                    kind: MemoryKind::Summary,
+                    thread_id: summary.thread_id.clone(),
+                    role: None,
+                    content: summary.content.clone(),
+                    created_at: created,
+                    metadata: summary.metadata.clone(),
+                    level,
+                    summary: Some(SummaryInfo {
+                        summary_type: summary.summary_type,
+                        source_ids: summary.source_ids.clone(),
+                        time_range_start: start,
+                        time_range_end: end,
+                        source_count: links.len(),
+                        level,
+                        stale: false,
+                    }),
+                    lifetime: cairn_core::Lifetime::default(),
+                };
+                let level_i = i32::try_from(level).unwrap_or(i32::MAX);
+                let count = i32::try_from(links.len()).unwrap_or(i32::MAX);
+                let row = tx
+                    .query_one(
+                        "INSERT INTO memories (id, kind, thread_id, role, content, created_at,
+                            metadata, level, summary_type, time_start, time_end, source_count,
+                            model_id, embedding)
+                         VALUES ($1, 'summary', $2, NULL, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                         ON CONFLICT (id) DO NOTHING RETURNING rid",
+                        &[
+                            &id.uuid(),
+                            &thread,
+                            &unit.content,
+                            &created,
+                            &serde_json::Value::Object(unit.metadata.clone()),
+                            &level_i,
+                            &summary.summary_type.as_str(),
+                            &start,
+                            &end,
+                            &count,
+                            &model,
+                            &v,
+                        ],
+                    )
+                    .await;
+                let rid: i64 = match row {
+                    Ok(r) => r.get(0),
+                    // ON CONFLICT DO NOTHING returns no row: the id is taken.
+                    Err(e) if e.to_string().contains("unexpected number of rows") => {
+                        return Err(StoreError::DuplicateId { id })
+                    }
+                    Err(e) => return Err(pg(e)),
+                };
+                for (pos, f) in facts.iter().enumerate() {
+                    let pos = i32::try_from(pos).unwrap_or(i32::MAX);
+                    tx.execute(
+                        "INSERT INTO summary_sources (summary, source, position, continues)
+                         VALUES ($1, $2, $3, false)",
+                        &[&rid, &f.0, &pos],
+                    )
+                    .await
+                    .map_err(pg)?;
+                }
+                tx.commit().await.map_err(pg)?;
+                Ok(unit)
+            }
+        })
+    }
+
+    fn get(&self, id: MemoryId) -> Result<MemoryUnit> {
+        self.block(move |c| async move { get_unit(&c, id).await })
+    }
+
+    fn sources(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.block(move |c| async move {
+            let c = &c;
+            let rid = summary_rid(c, summary).await?;
+            let mut q = Query::select();
+            q.push(" JOIN summary_sources l ON l.source = m.rid WHERE l.summary = ");
+            q.bind(rid);
+            q.push(" ORDER BY l.position");
+            query_units(c, &q).await
+        })
+    }
+
+    fn summaries_of(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.block(move |c| async move {
+            let c = &c;
+            let rid = rid_of(c, id).await?;
+            let mut q = Query::select();
+            q.push(" JOIN summary_sources l ON l.summary = m.rid WHERE l.source = ");
+            q.bind(rid);
+            q.push(" ORDER BY m.created_at, m.rid");
+            query_units(c, &q).await
+        })
+    }
+
+    fn ancestors(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.block(move |c| async move {
+            let c = &c;
+            let rid = rid_of(c, id).await?;
+            let mut q = Query::select();
+            q.push(
+                " WHERE m.rid IN (WITH RECURSIVE up(r) AS (
+                        SELECT summary FROM summary_sources WHERE source = ",
+            );
+            q.bind(rid);
+            q.push(
+                " UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
+                     SELECT r FROM up) ORDER BY m.level, m.created_at, m.rid",
+            );
+            query_units(c, &q).await
+        })
+    }
+
+    fn leaves(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.block(move |c| async move {
+            let c = &c;
+            let rid = summary_rid(c, summary).await?;
+            let mut q = Query::select();
+            q.push(
+                " WHERE m.level = 0 AND m.rid IN (WITH RECURSIVE down(r) AS (
+                        SELECT source FROM summary_sources WHERE summary = ",
+            );
+            q.bind(rid);
+            q.push(
+                " UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+                     SELECT r FROM down) ORDER BY m.created_at, m.rid",
+            );
+            query_units(c, &q).await
+        })
+    }
+
+    fn recent(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let mut q = Query::select();
+        q.push(" WHERE TRUE");
+        q.filter(filter, self.now());
+        q.push(" ORDER BY m.created_at DESC, m.rid DESC LIMIT ");
+        q.bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut out = self.block(move |c| async move { query_units(&c, &q).await })?;
+        out.reverse();
+        Ok(out)
+    }
+
+    fn search_vector(&self, query: Vec<f32>, k: usize, filter: &Filter) -> Result<Vec<Hit>> {
+        filter.validate()?;
+        let v = self.prepare_vector(query)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let k = i64::try_from(k).unwrap_or(i64::MAX);
+        let now = self.now();
+        let filter = filter.clone();
+        let exact_max = self.options.exact_scan_max.max(0);
+        self.block(move |mut c| {
+            async move {
+                // How many memories the filter admits, counted up to the exact-scan bound.
+                let restricted = !filter.is_empty();
+                let admitted = if restricted {
+                    let mut q =
+                        Query::new("SELECT count(*) FROM (SELECT 1 FROM memories m WHERE TRUE");
+                    q.filter(&filter, now);
+                    q.push(" LIMIT ");
+                    q.bind(exact_max + 1);
+                    q.push(") x");
+                    let n: i64 = c
+                        .query_one(&q.text, &refs(&q.params))
+                        .await
+                        .map_err(pg)?
+                        .get(0);
+                    Some(n)
+                } else {
+                    None
+                };
+                let exact = |v: Vector| {
+                    // A materialized CTE keeps the planner off the HNSW index: every
+                    // admitted row is scored.
+                    let mut q = Query::new(
+                        "WITH c AS MATERIALIZED (SELECT m.rid FROM memories m WHERE TRUE",
+                    );
+                    q.filter(&filter, now);
+                    q.push(format!(") SELECT {COLS}, 1 - (m.embedding <=> "));
+                    q.bind(v);
+                    q.push(
+                        ") AS score FROM c JOIN memories m ON m.rid = c.rid
+                         ORDER BY score DESC, m.rid LIMIT ",
+                    );
+                    q.bind(k);
+                    q
+                };
+                let rows = if admitted.is_some_and(|n| n <= exact_max) {
+                    c.query(&exact(v.clone()).text, &refs(&exact(v.clone()).params))
+                        .await
+                        .map_err(pg)?
+                } else {
+                    let tx = c.transaction().await.map_err(pg)?;
+                    let ef = (k * 4).clamp(100, 1_000);
+                    // The filter admits many rows: walk the index rather than let the
+                    // planner sort every admitted row.
+                    tx.batch_execute(&format!(
+                        "SET LOCAL hnsw.ef_search = {ef}; SET LOCAL enable_seqscan = off"
+                    ))
+                    .await
+                    .map_err(pg)?;
+                    let mut q = Query::new(format!("SELECT {COLS}, 1 - (m.embedding <=> "));
+                    let at = q.bind(v.clone());
+                    q.push(") AS score FROM memories m WHERE TRUE");
+                    q.filter(&filter, now);
+                    q.push(format!(" ORDER BY m.embedding <=> {at} LIMIT "));
+                    q.bind(k);
+                    let mut rows = tx.query(&q.text, &refs(&q.params)).await.map_err(pg)?;
+                    if i64::try_from(rows.len()).unwrap_or(0) < k && restricted {
+                        // The walk came back short (the filter dropped what it reached).
+                        let e = exact(v);
+                        rows = tx.query(&e.text, &refs(&e.params)).await.map_err(pg)?;
+                    }
+                    tx.commit().await.map_err(pg)?;
+                    rows
+                };
+                let scores: Vec<f64> = rows.iter().map(|r| r.get("score")).collect();
+                let units = units(&c, &rows).await?;
+                #[allow(clippy::cast_possible_truncation)]
+                Ok(units
+                    .into_iter()
+                    .zip(scores)
+                    .map(|(memory, s)| Hit {
+                        memory,
+                        score: s as f32,
+                    })
+                    .collect())
+            }
+        })
+    }
+
+    fn search_keyword(&self, query: &str, k: usize, filter: &Filter) -> Result<Vec<Hit>> {
+        filter.validate()?;
+        if k == 0 || query.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        // Any word of the query: its stemmed lexemes joined with `|`, each quoted, so
+        // punctuation and operators in the query are never tsquery syntax.
+        let mut q = Query::new(
+            "WITH q AS (SELECT (SELECT string_agg('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''', ' | ')
+                FROM unnest(tsvector_to_array(to_tsvector('english', ",
+        );
+        q.bind(query.to_owned());
+        q.push(format!(
+            "))) AS x)::tsquery AS q)
+             SELECT {COLS}, ts_rank(m.fts, q.q, 1)::float8 AS score FROM memories m, q
+             WHERE q.q IS NOT NULL AND m.fts @@ q.q"
+        ));
+        q.filter(filter, now);
+        q.push(" ORDER BY score DESC, m.rid LIMIT ");
+        q.bind(i64::try_from(k).unwrap_or(i64::MAX));
+        self.block(move |c| async move {
+            let c = &c;
+            let rows = c.query(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            let scores: Vec<f64> = rows.iter().map(|r| r.get("score")).collect();
+            let units = units(c, &rows).await?;
+            #[allow(clippy::cast_possible_truncation)]
+            Ok(units
+                .into_iter()
+                .zip(scores)
+                .map(|(memory, s)| Hit {
+                    memory,
+                    score: s as f32,
+                })
+                .collect())
+        })
+    }
+
+    fn delete_many(&self, ids: &[MemoryId], policy: DeletePolicy) -> Result<DeleteReport> {
+        let ids = ids.to_vec();
+        self.block(move |mut c| async move { delete_many(&mut c, &ids, policy).await })
+    }
+
+    fn threads(&self) -> Result<Vec<ThreadId>> {
+        self.block(|c| async move {
+            let rows = c
+                .query(
+                    "SELECT DISTINCT thread_id COLLATE \"C\" AS t FROM memories
+                         WHERE thread_id IS NOT NULL ORDER BY t",
+                    &[],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| ThreadId::new(r.get::<_, String>(0)).ok())
+                .collect())
+        })
+    }
+}
+
+/// Ends the validity of `old` at `until` because `new` supersedes it; returns `old`'s rid.
+async fn supersede<C: GenericClient + Sync>(
+    c: &C,
+    old: MemoryId,
+    new: MemoryId,
+    until: DateTime<Utc>,
+) -> Result<i64> {
+    if old == new {
+        return Err(StoreError::CannotSupersede {
+            id: old,
+            reason: "a memory cannot supersede itself",
+        });
+    }
+    let row = c
+        .query_opt(
+            "SELECT rid, kind, valid_to FROM memories WHERE id = $1 FOR UPDATE",
+            &[&old.uuid()],
+        )
+        .await
+        .map_err(pg)?
+        .ok_or(StoreError::NotFound { id: old })?;
+    let kind: String = row.get(1);
+    if kind == MemoryKind::Summary.as_str() {
+        return Err(StoreError::CannotSupersede {
+            id: old,
+            reason: "it is a summary",
+        });
+    }
+    if row.get::<_, Option<DateTime<Utc>>>(2).is_some() {
+        return Err(StoreError::CannotSupersede {
+            id: old,
+            reason: "it is no longer current (supersede the current version)",
+        });
+    }
+    let rid: i64 = row.get(0);
+    c.execute(
+        "UPDATE memories SET valid_to = $2 WHERE rid = $1",
+        &[&rid, &until],
+    )
+    .await
+    .map_err(pg)?;
+    Ok(rid)
+}
+
+async fn delete_many(
+    c: &mut deadpool_postgres::Object,
+    ids: &[MemoryId],
+    policy: DeletePolicy,
+) -> Result<DeleteReport> {
+    let tx = c.transaction().await.map_err(pg)?;
+    let mut report = DeleteReport::default();
+    let mut doomed: Vec<i64> = Vec::with_capacity(ids.len());
+    let mut doomed_set: HashSet<i64> = HashSet::with_capacity(ids.len());
+    let mut named: HashMap<i64, MemoryId> = HashMap::with_capacity(ids.len());
+    for id in ids {
+        let rid = rid_of(&tx, *id).await?;
+        named.entry(rid).or_insert(*id);
+        if doomed_set.insert(rid) {
+            doomed.push(rid);
+        }
+    }
+    let targets = doomed.clone();
+    match policy {
+        DeletePolicy::Restrict => {
+            for rid in &targets {
+                let cites: Vec<MemoryId> = citing(&tx, *rid)
+                    .await?
+                    .into_iter()
+                    .filter(|(r, _)| !doomed_set.contains(r))
+                    .map(|(_, id)| id)
+                    .collect();
+                if let (false, Some(id)) = (cites.is_empty(), named.get(rid)) {
+                    return Err(StoreError::CitedBySummaries {
+                        id: *id,
+                        summaries: cites,
+                    });
+                }
+            }
+        }
+        DeletePolicy::Cascade => {
+            for rid in &targets {
+                for a in ancestor_rids(&tx, *rid).await? {
+                    if doomed_set.insert(a) {
+                        doomed.push(a);
+                    }
+                }
+            }
+        }
+        DeletePolicy::Detach => {
+            let mut kept: Vec<(i64, MemoryId)> = Vec::new();
+            let mut kept_set: HashSet<i64> = HashSet::new();
+            let mut frontier = targets.clone();
+            while let Some(gone) = frontier.pop() {
+                let cites = citing(&tx, gone).await?;
+                tx.execute("DELETE FROM summary_sources WHERE source = $1", &[&gone])
+                    .await
+                    .map_err(pg)?;
+                for (r, sid) in cites {
+                    let left: i64 = tx
+                        .query_one(
+                            "SELECT count(*) FROM summary_sources WHERE summary = $1",
+                            &[&r],
+                        )
+                        .await
+                        .map_err(pg)?
+                        .get(0);
+                    if left == 0 {
+                        if doomed_set.insert(r) {
+                            doomed.push(r);
+                            frontier.push(r);
+                        }
+                    } else if kept_set.insert(r) {
+                        kept.push((r, sid));
+                    }
+                }
+            }
+            kept.retain(|(r, _)| !doomed_set.contains(r));
+            let rids: Vec<i64> = kept.iter().map(|(r, _)| *r).collect();
+            tx.execute(
+                "UPDATE memories SET stale = TRUE WHERE rid = ANY($1)",
+                &[&rids],
+            )
+            .await
+            .map_err(pg)?;
+            let mut up = rids.clone();
+            for r in &rids {
+                up.extend(ancestor_rids(&tx, *r).await?);
+            }
+            up.sort_unstable();
+            up.dedup();
+            up.retain(|r| !doomed_set.contains(r));
+            refresh_summaries(&tx, &up).await?;
+            report.detached = kept.into_iter().map(|(_, id)| id).collect();
+        }
+    }
+    for r in &doomed {
+        tx.execute(
+            "DELETE FROM summary_sources WHERE summary = $1 OR source = $1",
+            &[r],
+        )
+        .await
+        .map_err(pg)?;
+        // A deleted version leaves the chain of its fact, as in the SQLite store.
+        let row = tx
+            .query_one(
+                "SELECT supersedes, valid_to FROM memories WHERE rid = $1",
+                &[r],
+            )
+            .await
+            .map_err(pg)?;
+        let (older, until): (Option<i64>, Option<DateTime<Utc>>) = (row.get(0), row.get(1));
+        let newer: Option<(i64, DateTime<Utc>)> = tx
+            .query_opt(
+                "SELECT rid, COALESCE(valid_from, created_at) FROM memories
+                 WHERE supersedes = $1 ORDER BY rid LIMIT 1",
+                &[r],
+            )
+            .await
+            .map_err(pg)?
+            .map(|x| (x.get(0), x.get(1)))
+            .filter(|(n, _)| !doomed_set.contains(n));
+        if let Some(o) = older.filter(|o| !doomed_set.contains(o)) {
+            let o_until = match newer {
+                Some((_, start)) => Some(start),
+                None => until,
+            };
+            tx.execute(
+                "UPDATE memories SET valid_to = $2 WHERE rid = $1",
+                &[&o, &o_until],
+            )
+            .await
+            .map_err(pg)?;
+            if let Some((n, _)) = newer {
+                tx.execute(
+                    "UPDATE memories SET supersedes = $2 WHERE rid = $1",
+                    &[&n, &o],
+                )
+                .await
+                .map_err(pg)?;
+            }
+        }
+        tx.execute(
+            "UPDATE memories SET supersedes = NULL WHERE supersedes = $1",
+            &[r],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    for r in &doomed {
+        let row = tx
+            .query_one("DELETE FROM memories WHERE rid = $1 RETURNING id", &[r])
+            .await
+            .map_err(pg)?;
+        report
+            .deleted
+            .push(MemoryId::from_uuid(row.get::<_, uuid::Uuid>(0)));
+    }
+    tx.commit().await.map_err(pg)?;
+    Ok(report)
+}

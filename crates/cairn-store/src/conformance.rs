@@ -1,0 +1,717 @@
+//! The behaviour every [`MemoryBackend`] shares, as checks a backend's tests run
+//! (feature `conformance`). Each check takes an empty backend of dimension [`DIM`] and
+//! panics with a message on the first difference; [`conformance_suite!`](crate::conformance_suite)
+//! makes one `#[test]` per check from a function that opens an empty backend.
+//!
+//! ```ignore
+//! fn open() -> (tempfile::TempDir, cairn_store::Store) {
+//!     let dir = tempfile::tempdir().unwrap();
+//!     let options = cairn_store::StoreOptions::new("m", cairn_store::conformance::DIM);
+//!     let store = cairn_store::Store::open(dir.path().join("m.db"), options).unwrap();
+//!     (dir, store)
+//! }
+//! cairn_store::conformance_suite!(open);
+//! ```
+//!
+//! The checks are about behaviour, not files: rows and their fields, ordered links both
+//! ways, the link rules, vector search (exact top k against a brute-force ranking, k hits
+//! under filters admitting few memories), keyword search, thread reads, delete policies,
+//! metadata filters, and atomic batches.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    missing_docs
+)]
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use serde_json::json;
+
+use cairn_core::{MemoryId, MemoryKind, MemoryUnit, NewMemory, Role, ThreadId};
+
+use crate::{DeletePolicy, Filter, MemoryBackend, MetaFilter, NewSummary, StoreError};
+
+/// The embedding dimension the checks use.
+pub const DIM: usize = 8;
+
+/// One `#[test]` per conformance check, each on a fresh backend from `$open`: a function
+/// or closure returning `(guard, backend)`, where the guard (a temporary directory, say) is
+/// dropped after the backend.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($open:expr) => {
+        $crate::conformance_suite!(@each $open;
+            rows_round_trip, batches_are_atomic, keyed_retries_are_idempotent,
+            summaries_link_both_ways, link_rules_write_nothing,
+            vector_search_is_exact_at_small_sizes, filtered_vector_search_returns_k,
+            keyword_search_matches_any_word, recent_and_threads, delete_policies,
+            metadata_filters);
+    };
+    (@each $open:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                let (_guard, backend) = ($open)();
+                $crate::conformance::$name(&backend);
+            }
+        )*
+    };
+}
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2024, 3, 1, 9, 0, 0).unwrap()
+}
+
+/// A deterministic vector for `i` (a splitmix64 stream), not all zero.
+pub fn vector(i: u64) -> Vec<f32> {
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+    (0..DIM)
+        .map(|_| {
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            #[allow(clippy::cast_precision_loss)]
+            let f = (z >> 11) as f32 / (1u64 << 53) as f32;
+            f * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn unit(v: &[f32]) -> Vec<f32> {
+    let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    v.iter().map(|x| x / n).collect()
+}
+
+fn thread(name: &str) -> ThreadId {
+    ThreadId::new(name).unwrap()
+}
+
+fn turn(t: &str, i: i64, text: &str) -> NewMemory {
+    NewMemory::conversational(
+        thread(t),
+        if i % 2 == 0 {
+            Role::User
+        } else {
+            Role::Assistant
+        },
+        text,
+    )
+    .at(t0() + Duration::seconds(i * 60))
+}
+
+fn ids(ms: &[MemoryUnit]) -> Vec<MemoryId> {
+    ms.iter().map(|m| m.id).collect()
+}
+
+fn count(b: &dyn MemoryBackend) -> usize {
+    b.recent(&Filter::all(), 1_000_000).unwrap().len()
+}
+
+/// Every field of a memory comes back as written; an unknown id is `NotFound`.
+pub fn rows_round_trip(b: &dyn MemoryBackend) {
+    assert_eq!(b.dimension(), DIM);
+    let t = thread("rt");
+    let mut meta = cairn_core::Metadata::new();
+    meta.insert("speaker".into(), json!("Ada"));
+    meta.insert("nested".into(), json!({"a": [1, 2.5, "x"], "b": null}));
+    let when = t0() + Duration::microseconds(123_457);
+    let written = vec![
+        NewMemory::conversational(t.clone(), Role::User, "Ünïcode turn — 你好")
+            .with_metadata(meta.clone())
+            .at(when),
+        NewMemory::new(MemoryKind::Knowledge, "water boils at 100 C").at(when),
+        NewMemory::new(MemoryKind::ToolLog, "ls -la").with_thread(t.clone()),
+    ];
+    let stored = b
+        .insert_batch(
+            written
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| (m, vector(i as u64)))
+                .collect(),
+        )
+        .unwrap();
+    assert_eq!(stored.len(), 3);
+    for s in &stored {
+        let g = b.get(s.id).unwrap();
+        assert_eq!(&g, s, "{} reads back as written", s.id);
+        assert_eq!(g.level, 0);
+        assert!(g.summary.is_none());
+    }
+    assert_eq!(stored[0].metadata, meta);
+    assert_eq!(stored[0].created_at, when);
+    assert_eq!(stored[0].role, Some(Role::User));
+    assert_eq!(stored[1].thread_id, None);
+    let unknown = MemoryId::new();
+    assert!(matches!(b.get(unknown), Err(StoreError::NotFound { id }) if id == unknown));
+}
+
+/// A batch is written whole or not at all: a repeated id, a bad vector, a summary kind or a
+/// taken id anywhere in it writes nothing.
+pub fn batches_are_atomic(b: &dyn MemoryBackend) {
+    let first = b.insert(turn("at", 0, "kept"), vector(0)).unwrap();
+    let id = MemoryId::new();
+    let r = b.insert_batch(vec![
+        (turn("at", 1, "a").with_id(id), vector(1)),
+        (turn("at", 2, "b").with_id(id), vector(2)),
+    ]);
+    assert!(matches!(r, Err(StoreError::DuplicateId { .. })), "{r:?}");
+    let r = b.insert_batch(vec![
+        (turn("at", 1, "a"), vector(1)),
+        (turn("at", 2, "b"), vec![1.0; DIM + 1]),
+    ]);
+    assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
+    let r = b.insert_batch(vec![
+        (turn("at", 1, "a"), vector(1)),
+        (turn("at", 2, "b"), vec![0.0; DIM]),
+    ]);
+    assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
+    let r = b.insert_batch(vec![
+        (turn("at", 1, "a"), vector(1)),
+        (turn("at", 2, "other text").with_id(first.id), vector(2)),
+    ]);
+    assert!(
+        matches!(r, Err(StoreError::DuplicateId { id }) if id == first.id),
+        "{r:?}"
+    );
+    let r = b.insert(NewMemory::new(MemoryKind::Summary, "no"), vector(3));
+    assert!(r.is_err());
+    let r = b.insert(turn("at", 3, ""), vector(3));
+    assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
+    assert_eq!(count(b), 1, "failed batches wrote nothing");
+    assert_eq!(b.get(first.id).unwrap().content, "kept");
+}
+
+/// Adding the same keyed memory again returns the stored one and writes no copy.
+pub fn keyed_retries_are_idempotent(b: &dyn MemoryBackend) {
+    let m = turn("key", 0, "the locker code is 4512").with_key("user-1/locker");
+    let a = b.insert(m.clone(), vector(7)).unwrap();
+    let again = b.insert(m.clone(), vector(7)).unwrap();
+    assert_eq!(a, again);
+    let batch = b
+        .insert_batch(vec![(m, vector(7)), (turn("key", 1, "new"), vector(8))])
+        .unwrap();
+    assert_eq!(batch[0], a);
+    assert_eq!(count(b), 2);
+    assert_eq!(a.id, MemoryId::from_key("user-1/locker"));
+}
+
+/// Summaries keep their sources in order, link back from each source, stack in levels,
+/// span their sources' times, and expand to their leaves once each, in time order.
+pub fn summaries_link_both_ways(b: &dyn MemoryBackend) {
+    let t = thread("sum");
+    let turns = b
+        .insert_batch(
+            (0..6)
+                .map(|i| (turn("sum", i, &format!("turn {i}")), vector(i as u64)))
+                .collect(),
+        )
+        .unwrap();
+    // Sources out of time order: the order given is kept.
+    let order = vec![turns[2].id, turns[0].id, turns[1].id];
+    let s1 = b
+        .add_summary(
+            NewSummary::new("first part", order.clone()).with_thread(Some(t.clone())),
+            vector(100),
+        )
+        .unwrap();
+    assert_eq!(s1.level, 1);
+    assert_eq!(s1.kind, MemoryKind::Summary);
+    let info = s1.summary.clone().unwrap();
+    assert_eq!(info.source_ids, order);
+    assert_eq!(info.source_count, 3);
+    assert_eq!(info.time_range_start, turns[0].created_at);
+    assert_eq!(info.time_range_end, turns[2].created_at);
+    assert!(!info.stale);
+    assert_eq!(b.get(s1.id).unwrap(), s1);
+    assert_eq!(ids(&b.sources(s1.id).unwrap()), order);
+    // turns[2] is cited by two level-1 summaries.
+    let s2 = b
+        .add_summary(
+            NewSummary::new("second part", vec![turns[2].id, turns[3].id, turns[4].id])
+                .with_thread(Some(t.clone())),
+            vector(101),
+        )
+        .unwrap();
+    assert_eq!(
+        ids(&b.summaries_of(turns[2].id).unwrap()),
+        vec![s1.id, s2.id]
+    );
+    assert!(b.summaries_of(turns[5].id).unwrap().is_empty());
+    let top = b
+        .add_summary(
+            NewSummary::new("everything", vec![s2.id, s1.id, turns[5].id])
+                .with_thread(Some(t.clone())),
+            vector(102),
+        )
+        .unwrap();
+    assert_eq!(top.level, 2);
+    let span = top.summary.clone().unwrap();
+    assert_eq!(span.time_range_start, turns[0].created_at);
+    assert_eq!(span.time_range_end, turns[5].created_at);
+    assert_eq!(
+        ids(&b.sources(top.id).unwrap()),
+        vec![s2.id, s1.id, turns[5].id]
+    );
+    assert_eq!(ids(&b.leaves(top.id).unwrap()), ids(&turns));
+    assert_eq!(ids(&b.leaves(s2.id).unwrap()), ids(&turns[2..5]));
+    let up = b.ancestors(turns[2].id).unwrap();
+    assert_eq!(up.len(), 3);
+    assert_eq!(up[2].id, top.id, "lowest level first");
+    assert_eq!(
+        up[..2].iter().map(|m| m.id).collect::<HashSet<_>>(),
+        HashSet::from([s1.id, s2.id])
+    );
+    assert!(b.ancestors(top.id).unwrap().is_empty());
+    assert!(matches!(
+        b.sources(turns[0].id),
+        Err(StoreError::NotASummary { .. })
+    ));
+    assert!(matches!(
+        b.leaves(MemoryId::new()),
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+/// Every link rule is a typed error, and a refused summary writes nothing.
+pub fn link_rules_write_nothing(b: &dyn MemoryBackend) {
+    let a = b.insert(turn("la", 0, "a"), vector(1)).unwrap();
+    let other = b.insert(turn("lb", 0, "b"), vector(2)).unwrap();
+    let before = count(b);
+    let ta = Some(thread("la"));
+    let r = b.add_summary(NewSummary::new("s", vec![]), vector(3));
+    assert!(matches!(r, Err(StoreError::EmptySources)), "{r:?}");
+    let r = b.add_summary(NewSummary::new("s", vec![a.id, a.id]), vector(3));
+    assert!(
+        matches!(r, Err(StoreError::DuplicateSource { .. })),
+        "{r:?}"
+    );
+    let unknown = MemoryId::new();
+    let r = b.add_summary(NewSummary::new("s", vec![a.id, unknown]), vector(3));
+    assert!(
+        matches!(r, Err(StoreError::NotFound { id }) if id == unknown),
+        "{r:?}"
+    );
+    let mut own = NewSummary::new("s", vec![a.id]);
+    let sid = MemoryId::new();
+    own.id = Some(sid);
+    own.source_ids.push(sid);
+    let r = b.add_summary(own, vector(3));
+    assert!(matches!(r, Err(StoreError::SelfReference { .. })), "{r:?}");
+    let r = b.add_summary(
+        NewSummary::new("s", vec![a.id, other.id]).with_thread(ta.clone()),
+        vector(3),
+    );
+    assert!(
+        matches!(r, Err(StoreError::ThreadMismatch { id, .. }) if id == other.id),
+        "{r:?}"
+    );
+    let r = b.add_summary(NewSummary::new("s", vec![a.id]), vec![0.0; DIM]);
+    assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
+    let r = b.add_summary(NewSummary::new("", vec![a.id]), vector(3));
+    assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
+    assert_eq!(count(b), before, "refused summaries wrote nothing");
+    // Through a thread-less summary, another thread's memory is still out of reach.
+    let bridge = b
+        .add_summary(NewSummary::new("bridge", vec![other.id]), vector(4))
+        .unwrap();
+    assert_eq!(bridge.thread_id, None);
+    let r = b.add_summary(
+        NewSummary::new("s", vec![a.id, bridge.id]).with_thread(ta.clone()),
+        vector(5),
+    );
+    assert!(
+        matches!(r, Err(StoreError::ThreadMismatch { id, .. }) if id == other.id),
+        "{r:?}"
+    );
+    // A thread-less memory may be cited by any thread's summary.
+    let k = b
+        .insert(
+            NewMemory::new(MemoryKind::Knowledge, "shared fact"),
+            vector(6),
+        )
+        .unwrap();
+    let ok = b
+        .add_summary(
+            NewSummary::new("ok", vec![a.id, k.id]).with_thread(ta),
+            vector(7),
+        )
+        .unwrap();
+    assert_eq!(ok.level, 1);
+    // A taken id is refused.
+    let mut dup = NewSummary::new("dup", vec![a.id]);
+    dup.id = Some(ok.id);
+    assert!(matches!(
+        b.add_summary(dup, vector(8)),
+        Err(StoreError::DuplicateId { .. })
+    ));
+    assert_eq!(count(b), before + 3);
+}
+
+fn brute_force(
+    all: &[(MemoryId, Vec<f32>)],
+    q: &[f32],
+    k: usize,
+    admit: impl Fn(usize) -> bool,
+) -> Vec<MemoryId> {
+    let q = unit(q);
+    let mut scored: Vec<(f32, MemoryId)> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| admit(*i))
+        .map(|(_, (id, v))| (unit(v).iter().zip(&q).map(|(a, b)| a * b).sum(), *id))
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    scored.into_iter().take(k).map(|(_, id)| id).collect()
+}
+
+/// At a few hundred memories, vector search returns the exact top k (cosine), best first,
+/// with similarity scores; filters by thread, kind and level hold.
+pub fn vector_search_is_exact_at_small_sizes(b: &dyn MemoryBackend) {
+    let threads = ["va", "vb", "vc", "vd"];
+    let items: Vec<(NewMemory, Vec<f32>)> = (0..240)
+        .map(|i| {
+            let t = threads[i % 4];
+            (
+                turn(t, i as i64, &format!("memory {i}")),
+                vector(1_000 + i as u64),
+            )
+        })
+        .collect();
+    let vecs: Vec<Vec<f32>> = items.iter().map(|(_, v)| v.clone()).collect();
+    let stored = b.insert_batch(items).unwrap();
+    let all: Vec<(MemoryId, Vec<f32>)> = stored.iter().map(|m| m.id).zip(vecs).collect();
+    for probe in [0u64, 17, 99] {
+        let q = vector(50_000 + probe);
+        let hits = b.search_vector(q.clone(), 10, &Filter::all()).unwrap();
+        assert_eq!(
+            hits.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+            brute_force(&all, &q, 10, |_| true),
+            "probe {probe}"
+        );
+        assert!(hits.windows(2).all(|w| w[0].score >= w[1].score));
+        let expect = brute_force(&all, &q, 1, |_| true)[0];
+        let best = &all.iter().find(|(id, _)| *id == expect).unwrap().1;
+        let cos: f32 = unit(best).iter().zip(unit(&q)).map(|(a, b)| a * b).sum();
+        assert!(
+            (hits[0].score - cos).abs() < 1e-3,
+            "{} vs {cos}",
+            hits[0].score
+        );
+        let hits = b
+            .search_vector(q.clone(), 7, &Filter::all().thread(thread("vc")))
+            .unwrap();
+        assert_eq!(
+            hits.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+            brute_force(&all, &q, 7, |i| i % 4 == 2)
+        );
+    }
+    // The memory itself is its own best match.
+    let hits = b
+        .search_vector(all[33].1.clone(), 1, &Filter::all())
+        .unwrap();
+    assert_eq!(hits[0].memory.id, all[33].0);
+    assert!((hits[0].score - 1.0).abs() < 1e-3);
+    // Kind and level filters.
+    let s = b
+        .add_summary(
+            NewSummary::new("a summary", vec![all[0].0, all[4].0]).with_thread(Some(thread("va"))),
+            vector(1_000),
+        )
+        .unwrap();
+    let hits = b
+        .search_vector(
+            vector(1_000),
+            3,
+            &Filter::all().kinds([MemoryKind::Summary]),
+        )
+        .unwrap();
+    assert_eq!(
+        ids(&hits.iter().map(|h| h.memory.clone()).collect::<Vec<_>>()),
+        vec![s.id]
+    );
+    let hits = b
+        .search_vector(vector(1_000), 3, &Filter::all().levels(0, 0))
+        .unwrap();
+    assert_eq!(hits.len(), 3);
+    assert!(hits.iter().all(|h| h.memory.level == 0));
+    assert_eq!(hits[0].memory.id, all[0].0);
+    assert!(b
+        .search_vector(vector(1), 5, &Filter::all().thread(thread("nobody")))
+        .unwrap()
+        .is_empty());
+    assert!(matches!(
+        b.search_vector(vec![1.0; DIM + 2], 3, &Filter::all()),
+        Err(StoreError::Input(_))
+    ));
+}
+
+/// A filter admitting a few memories among thousands still gets k hits (the exact top k
+/// of the admitted ones), and one admitting fewer than k gets them all.
+pub fn filtered_vector_search_returns_k(b: &dyn MemoryBackend) {
+    let mut items = Vec::new();
+    let mut vecs = Vec::new();
+    for i in 0..3_000i64 {
+        let t = if i % 100 == 7 { "needle" } else { "hay" };
+        let v = vector(7_000 + i as u64);
+        vecs.push(v.clone());
+        items.push((turn(t, i, &format!("row {i}")), v));
+    }
+    let mut all = Vec::new();
+    for chunk in items.chunks(500) {
+        let stored = b.insert_batch(chunk.to_vec()).unwrap();
+        all.extend(stored.into_iter().map(|m| m.id));
+    }
+    let all: Vec<(MemoryId, Vec<f32>)> = all.into_iter().zip(vecs).collect();
+    let rare = b.insert(turn("rare", 0, "only two"), vector(1)).unwrap();
+    b.insert(turn("rare", 1, "of them"), vector(2)).unwrap();
+    for probe in 0..5u64 {
+        let q = vector(90_000 + probe);
+        let hits = b
+            .search_vector(q.clone(), 10, &Filter::all().thread(thread("needle")))
+            .unwrap();
+        assert_eq!(
+            hits.len(),
+            10,
+            "k hits under a filter admitting 30 of 3,000"
+        );
+        assert_eq!(
+            hits.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+            brute_force(&all, &q, 10, |i| i % 100 == 7)
+        );
+        let hits = b
+            .search_vector(q.clone(), 10, &Filter::all().thread(thread("rare")))
+            .unwrap();
+        assert_eq!(hits.len(), 2);
+        assert!(hits.iter().any(|h| h.memory.id == rare.id));
+        let hits = b.search_vector(q, 50, &Filter::all()).unwrap();
+        assert_eq!(hits.len(), 50);
+    }
+}
+
+/// Keyword search matches any word of the query (stemmed), ranks the best match first and
+/// honours filters; a query of no known word finds nothing.
+pub fn keyword_search_matches_any_word(b: &dyn MemoryBackend) {
+    let texts = [
+        ("ka", "The zebra crossed the savanna at dawn"),
+        ("ka", "Giraffes eat leaves from tall trees"),
+        ("ka", "She runs every morning before work"),
+        ("kb", "The zebra and the zebra foal rested"),
+        ("kb", "Quarterly report numbers were late"),
+    ];
+    let stored = b
+        .insert_batch(
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, (t, s))| (turn(t, i as i64, s), vector(i as u64)))
+                .collect(),
+        )
+        .unwrap();
+    let hits = b.search_keyword("zebra", 10, &Filter::all()).unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.memory.id).collect::<HashSet<_>>(),
+        HashSet::from([stored[0].id, stored[3].id])
+    );
+    assert_eq!(hits[0].memory.id, stored[3].id, "two mentions rank first");
+    assert!(hits[0].score >= hits[1].score);
+    let hits = b
+        .search_keyword("zebra giraffe", 10, &Filter::all())
+        .unwrap();
+    assert_eq!(hits.len(), 3, "any word matches");
+    let hits = b.search_keyword("running", 10, &Filter::all()).unwrap();
+    assert_eq!(
+        ids(&hits.iter().map(|h| h.memory.clone()).collect::<Vec<_>>()),
+        vec![stored[2].id]
+    );
+    let hits = b
+        .search_keyword("zebra", 10, &Filter::all().thread(thread("ka")))
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+    assert_eq!(hits[0].memory.id, stored[0].id);
+    assert!(b
+        .search_keyword("xylophone", 10, &Filter::all())
+        .unwrap()
+        .is_empty());
+    assert!(b.search_keyword("zebra", 1, &Filter::all()).unwrap().len() == 1);
+    // Punctuation and operators in a query are words, not syntax.
+    let hits = b
+        .search_keyword(
+            "zebra's \"foal\" OR (report) -numbers* :",
+            10,
+            &Filter::all(),
+        )
+        .unwrap();
+    assert!(hits.iter().any(|h| h.memory.id == stored[4].id));
+}
+
+/// `recent` returns the newest memories a filter admits, oldest first; `threads` lists
+/// every thread once.
+pub fn recent_and_threads(b: &dyn MemoryBackend) {
+    for t in ["rz", "ra", "rm"] {
+        b.insert_batch(
+            (0..30)
+                .map(|i| (turn(t, i, &format!("{t} {i}")), vector(i as u64)))
+                .collect(),
+        )
+        .unwrap();
+    }
+    b.insert(
+        NewMemory::new(MemoryKind::Knowledge, "no thread"),
+        vector(1),
+    )
+    .unwrap();
+    let r = b.recent(&Filter::all().thread(thread("ra")), 5).unwrap();
+    assert_eq!(
+        r.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(),
+        ["ra 25", "ra 26", "ra 27", "ra 28", "ra 29"]
+    );
+    let r = b.recent(&Filter::all().thread(thread("rm")), 100).unwrap();
+    assert_eq!(r.len(), 30);
+    assert!(r.windows(2).all(|w| w[0].created_at <= w[1].created_at));
+    assert_eq!(b.recent(&Filter::all().thread_less(), 10).unwrap().len(), 1);
+    let r = b
+        .recent(
+            &Filter::all().thread(thread("rz")).between(
+                t0() + Duration::seconds(60 * 10),
+                t0() + Duration::seconds(60 * 12),
+            ),
+            10,
+        )
+        .unwrap();
+    assert_eq!(
+        r.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(),
+        ["rz 10", "rz 11"]
+    );
+    assert_eq!(
+        b.threads().unwrap(),
+        vec![thread("ra"), thread("rm"), thread("rz")]
+    );
+}
+
+/// Restrict refuses while a summary cites the memory; Cascade removes the summaries above;
+/// Detach unlinks, marks the citing summaries stale and recounts them, and deletes a
+/// summary left with no source. A delete naming an unknown id deletes nothing.
+pub fn delete_policies(b: &dyn MemoryBackend) {
+    let t = Some(thread("del"));
+    let turns = b
+        .insert_batch(
+            (0..4)
+                .map(|i| (turn("del", i, &format!("d {i}")), vector(i as u64)))
+                .collect(),
+        )
+        .unwrap();
+    let s1 = b
+        .add_summary(
+            NewSummary::new("s1", vec![turns[0].id, turns[1].id]).with_thread(t.clone()),
+            vector(10),
+        )
+        .unwrap();
+    let s2 = b
+        .add_summary(
+            NewSummary::new("s2", vec![s1.id, turns[2].id]).with_thread(t.clone()),
+            vector(11),
+        )
+        .unwrap();
+    let r = b.delete(turns[0].id, DeletePolicy::Restrict);
+    assert!(
+        matches!(&r, Err(StoreError::CitedBySummaries { id, summaries }) if *id == turns[0].id && summaries == &vec![s1.id]),
+        "{r:?}"
+    );
+    let r = b.delete_many(&[turns[3].id, MemoryId::new()], DeletePolicy::Cascade);
+    assert!(matches!(r, Err(StoreError::NotFound { .. })), "{r:?}");
+    assert_eq!(count(b), 6, "nothing deleted");
+    // Restrict deletes an uncited memory.
+    let rep = b.delete(turns[3].id, DeletePolicy::Restrict).unwrap();
+    assert_eq!(rep.deleted, vec![turns[3].id]);
+    assert!(matches!(
+        b.get(turns[3].id),
+        Err(StoreError::NotFound { .. })
+    ));
+    // Detach: s1 keeps one source, is stale and recounted; its parent stays.
+    let rep = b.delete(turns[0].id, DeletePolicy::Detach).unwrap();
+    assert_eq!(rep.deleted, vec![turns[0].id]);
+    assert_eq!(rep.detached, vec![s1.id]);
+    let s1_now = b.get(s1.id).unwrap();
+    let info = s1_now.summary.unwrap();
+    assert!(info.stale);
+    assert_eq!(info.source_ids, vec![turns[1].id]);
+    assert_eq!(info.source_count, 1);
+    assert_eq!(info.time_range_start, turns[1].created_at);
+    assert_eq!(
+        ids(&b.leaves(s2.id).unwrap()),
+        vec![turns[1].id, turns[2].id]
+    );
+    assert!(b
+        .search_vector(vector(0), 10, &Filter::all())
+        .unwrap()
+        .iter()
+        .all(|h| h.memory.id != turns[0].id));
+    // Detach of s1's last source deletes s1 as well; s2 keeps turns[2].
+    let rep = b.delete(turns[1].id, DeletePolicy::Detach).unwrap();
+    assert_eq!(rep.deleted, vec![turns[1].id, s1.id]);
+    assert_eq!(ids(&b.sources(s2.id).unwrap()), vec![turns[2].id]);
+    assert_eq!(
+        b.get(s2.id).unwrap().level,
+        1,
+        "s2's level follows its sources"
+    );
+    // Cascade takes the summaries above.
+    let rep = b.delete(turns[2].id, DeletePolicy::Cascade).unwrap();
+    assert_eq!(rep.deleted, vec![turns[2].id, s2.id]);
+    assert_eq!(count(b), 0);
+    assert!(b
+        .search_keyword("s2", 5, &Filter::all())
+        .unwrap()
+        .is_empty());
+}
+
+/// Metadata conditions hold in listing and in search.
+pub fn metadata_filters(b: &dyn MemoryBackend) {
+    let mut items = Vec::new();
+    for i in 0..60i64 {
+        let mut meta = cairn_core::Metadata::new();
+        meta.insert(
+            "user_id".into(),
+            json!(if i % 3 == 0 { "alice" } else { "bob" }),
+        );
+        meta.insert("priority".into(), json!(i % 5));
+        if i % 10 == 0 {
+            meta.insert("pinned".into(), json!(true));
+        }
+        items.push((
+            turn("meta", i, &format!("note {i} about zebra")).with_metadata(meta),
+            vector(i as u64),
+        ));
+    }
+    b.insert_batch(items).unwrap();
+    let f = |c: MetaFilter| Filter::all().meta(c);
+    let n = |filter: Filter| b.recent(&filter, 1_000).unwrap().len();
+    assert_eq!(n(f(MetaFilter::eq("user_id", "alice"))), 20);
+    assert_eq!(n(f(MetaFilter::new("user_id").ne("alice"))), 40);
+    assert_eq!(n(f(MetaFilter::new("priority").gte(3))), 24);
+    assert_eq!(n(f(MetaFilter::new("priority").gt(1).lt(3))), 12);
+    assert_eq!(n(f(MetaFilter::new("priority").one_of([0, 4]))), 24);
+    assert_eq!(n(f(MetaFilter::new("pinned").exists(true))), 6);
+    assert_eq!(n(f(MetaFilter::new("pinned").exists(false))), 54);
+    assert_eq!(n(f(MetaFilter::eq("user_id", "carol"))), 0);
+    let both = Filter::all()
+        .meta(MetaFilter::eq("user_id", "alice"))
+        .meta(MetaFilter::new("priority").lte(1));
+    let expect = (0..60).filter(|i| i % 3 == 0 && i % 5 <= 1).count();
+    assert_eq!(n(both.clone()), expect);
+    let hits = b.search_vector(vector(3), 100, &both).unwrap();
+    assert_eq!(hits.len(), expect);
+    let hits = b.search_keyword("zebra", 100, &both).unwrap();
+    assert_eq!(hits.len(), expect);
+    assert!(hits
+        .iter()
+        .all(|h| h.memory.metadata["user_id"] == json!("alice")));
+}
