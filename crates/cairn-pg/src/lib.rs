@@ -431,12 +431,13 @@ async fn insert_one<C: GenericClient + Sync>(c: &C, p: &PreparedMemory, model: &
     }
 }
 
-/// Inserts new memories (none superseding another) with one statement, in batch order.
+/// Inserts new memories (none superseding another) with one statement, in batch order;
+/// returns the ids another writer stored since the batch looked (not written).
 async fn insert_many<C: GenericClient + Sync>(
     c: &C,
     fresh: &[PreparedMemory],
     model: &str,
-) -> Result<()> {
+) -> Result<Vec<uuid::Uuid>> {
     let ids: Vec<uuid::Uuid> = fresh.iter().map(|p| p.unit.id.uuid()).collect();
     let kinds: Vec<&str> = fresh.iter().map(|p| p.unit.kind.as_str()).collect();
     let threads: Vec<Option<&str>> = fresh
@@ -483,16 +484,8 @@ async fn insert_many<C: GenericClient + Sync>(
         )
         .await
         .map_err(pg)?;
-    if written.len() < ids.len() {
-        // Another writer stored one of these ids since this batch looked.
-        let got: HashSet<uuid::Uuid> = written.iter().map(|r| r.get(0)).collect();
-        if let Some(id) = ids.iter().find(|id| !got.contains(id)) {
-            return Err(StoreError::DuplicateId {
-                id: MemoryId::from_uuid(*id),
-            });
-        }
-    }
-    Ok(())
+    let got: HashSet<uuid::Uuid> = written.iter().map(|r| r.get(0)).collect();
+    Ok(ids.into_iter().filter(|id| !got.contains(id)).collect())
 }
 
 impl MemoryBackend for PgStore {
@@ -540,7 +533,21 @@ impl MemoryBackend for PgStore {
                     insert_one(&tx, p, &model).await?;
                 }
             } else if !fresh.is_empty() {
-                insert_many(&tx, &fresh, &model).await?;
+                // A concurrent writer of the same keyed memory: its copy is returned when
+                // it is the same memory (a retry raced itself), else the id is taken.
+                for id in insert_many(&tx, &fresh, &model).await? {
+                    let id = MemoryId::from_uuid(id);
+                    let stored = get_unit(&tx, id).await?;
+                    let mine = fresh.iter().find(|p| p.unit.id == id);
+                    match mine {
+                        Some(p) if same_memory(&stored, p, now) => {
+                            for o in out.iter_mut().filter(|o| o.id == id) {
+                                *o = stored.clone();
+                            }
+                        }
+                        _ => return Err(StoreError::DuplicateId { id }),
+                    }
+                }
             }
             tx.commit().await.map_err(pg)?;
             Ok(out)

@@ -84,3 +84,290 @@ fn schemas_are_separate_stores_bound_to_one_model() {
     let again = PgStore::open(sa.options().clone()).unwrap();
     assert_eq!(again.recent(&Filter::all(), 10).unwrap().len(), 1);
 }
+
+const CHILD_URL: &str = "CAIRN_PG_CHILD_URL";
+const CHILD_SCHEMA: &str = "CAIRN_PG_CHILD_SCHEMA";
+const CHILD_ROLE: &str = "CAIRN_PG_CHILD_ROLE";
+
+fn child_store() -> Option<(String, PgStore)> {
+    let url = std::env::var(CHILD_URL).ok()?;
+    let schema = std::env::var(CHILD_SCHEMA).ok()?;
+    let role = std::env::var(CHILD_ROLE).ok()?;
+    let store = PgStore::open(PgOptions::new(url, "pg-tests", DIM).schema(schema)).unwrap();
+    Some((role, store))
+}
+
+fn spawn_child(test: &str, o: &PgOptions, role: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(CHILD_URL, &o.url)
+        .env(CHILD_SCHEMA, &o.schema)
+        .env(CHILD_ROLE, role)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn thread(name: &str) -> cairn_core::ThreadId {
+    cairn_core::ThreadId::new(name).unwrap()
+}
+
+/// The child side of `two_processes_share_one_store`: writes its thread's turns in batches
+/// (plus keyed memories both children write), summarizes them, marks itself done, then waits
+/// until it reads the other child's mark. Does nothing unless started by that test.
+#[test]
+fn sharing_child() {
+    use std::io::Write;
+    let Some((role, store)) = child_store() else {
+        return;
+    };
+    let other = if role == "a" { "b" } else { "a" };
+    let t = thread(&format!("thread-{role}"));
+    let mut out = std::io::stdout().lock();
+    let mut mine = Vec::new();
+    for batch in 0..20u64 {
+        let mut items: Vec<(NewMemory, Vec<f32>)> = (0..10u64)
+            .map(|j| {
+                let i = batch * 10 + j;
+                (
+                    NewMemory::conversational(
+                        t.clone(),
+                        cairn_core::Role::User,
+                        format!("{role} says {i}"),
+                    ),
+                    vector(i + if role == "a" { 0 } else { 10_000 }),
+                )
+            })
+            .collect();
+        // Both children write the same keyed facts: one copy each in the end.
+        items.push((
+            NewMemory::new(MemoryKind::Knowledge, format!("shared fact {batch}"))
+                .with_key(&format!("shared/{batch}")),
+            vector(50_000 + batch),
+        ));
+        for m in store.insert_batch(items).unwrap() {
+            writeln!(out, "M {}", m.id).unwrap();
+            if m.kind == MemoryKind::Conversational {
+                mine.push(m.id);
+            }
+        }
+        if batch % 5 == 4 {
+            let s = store
+                .add_summary(
+                    cairn_store::NewSummary::new(
+                        format!("{role} part {batch}"),
+                        mine[mine.len() - 50..].to_vec(),
+                    )
+                    .with_thread(Some(t.clone())),
+                    vector(60_000 + batch),
+                )
+                .unwrap();
+            writeln!(out, "S {}", s.id).unwrap();
+        }
+    }
+    store
+        .insert(
+            NewMemory::new(MemoryKind::Knowledge, format!("done {role}"))
+                .with_key(&format!("done/{role}")),
+            vector(1),
+        )
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let theirs = cairn_core::MemoryId::from_key(&format!("done/{other}"));
+    while store.get(theirs).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never saw {other}'s writes"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let seen = store
+        .recent(
+            &Filter::all().thread(thread(&format!("thread-{other}"))),
+            1_000,
+        )
+        .unwrap();
+    writeln!(out, "SAW {}", seen.len()).unwrap();
+}
+
+/// Two processes write to one store at once: each sees all of the other's writes, keyed
+/// memories both wrote exist once, and every thread keeps to itself in search and links.
+#[test]
+fn two_processes_share_one_store() {
+    use std::io::BufRead;
+    let o = options();
+    let parent = PgStore::open(o.clone()).unwrap();
+    let children: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|r| spawn_child("sharing_child", &o, r))
+        .collect();
+    let mut acked = std::collections::HashSet::new();
+    let mut summaries = Vec::new();
+    for mut child in children {
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut saw = None;
+        for line in lines {
+            let line = line.unwrap();
+            // libtest prints `test NAME ... ` before the child's first line.
+            let line = line.rsplit("... ").next().unwrap_or_default();
+            let mut parts = line.split(' ');
+            match (parts.next(), parts.next()) {
+                (Some("M"), Some(id)) => {
+                    acked.insert(id.parse::<cairn_core::MemoryId>().unwrap());
+                }
+                (Some("S"), Some(id)) => {
+                    summaries.push(id.parse::<cairn_core::MemoryId>().unwrap())
+                }
+                (Some("SAW"), Some(n)) => saw = Some(n.parse::<usize>().unwrap()),
+                _ => {}
+            }
+        }
+        assert!(child.wait().unwrap().success());
+        // Each child saw the other's 200 turns and 4 summaries.
+        assert_eq!(saw, Some(204));
+    }
+    // 2 x 200 turns, 20 shared facts once, 2 done marks, 2 x 4 summaries.
+    assert_eq!(acked.len(), 400 + 20);
+    let all = parent.recent(&Filter::all(), 10_000).unwrap();
+    assert_eq!(all.len(), 400 + 20 + 2 + 8);
+    for id in &acked {
+        parent.get(*id).unwrap();
+    }
+    for role in ["a", "b"] {
+        let t = thread(&format!("thread-{role}"));
+        let f = Filter::all().thread(t.clone());
+        for probe in 0..5 {
+            let hits = parent
+                .search_vector(vector(70_000 + probe), 20, &f)
+                .unwrap();
+            assert_eq!(hits.len(), 20);
+            assert!(hits.iter().all(|h| h.memory.thread_id.as_ref() == Some(&t)));
+        }
+    }
+    for s in &summaries {
+        let s = parent.get(*s).unwrap();
+        for leaf in parent.leaves(s.id).unwrap() {
+            assert_eq!(leaf.thread_id, s.thread_id);
+        }
+    }
+    parent.drop_schema().unwrap();
+}
+
+/// The child side of `sigkill_mid_write_loses_nothing_acknowledged`: writes batches (each
+/// tagged with its number and size) and summaries forever, printing what was acknowledged.
+/// Does nothing unless started by that test.
+#[test]
+fn crash_child() {
+    use std::io::Write;
+    let Some((role, store)) = child_store() else {
+        return;
+    };
+    let round: u64 = role.parse().unwrap();
+    let mut out = std::io::stdout().lock();
+    let mut recent = Vec::new();
+    for b in 0u64.. {
+        let n = 1 + (b * 7 + round) % 25;
+        let items: Vec<(NewMemory, Vec<f32>)> = (0..n)
+            .map(|j| {
+                let mut meta = cairn_core::Metadata::new();
+                meta.insert("batch".into(), json!(format!("{round}/{b}")));
+                meta.insert("size".into(), json!(n));
+                (
+                    NewMemory::new(
+                        MemoryKind::Knowledge,
+                        format!("round {round} batch {b} item {j}"),
+                    )
+                    .with_metadata(meta),
+                    vector(round * 1_000_000 + b * 100 + j),
+                )
+            })
+            .collect();
+        for m in store.insert_batch(items).unwrap() {
+            writeln!(out, "M {}", m.id).unwrap();
+            recent.push(m.id);
+        }
+        if b % 3 == 2 {
+            let srcs = recent[recent.len().saturating_sub(4)..].to_vec();
+            let s = store
+                .add_summary(
+                    cairn_store::NewSummary::new("summary", srcs.clone()),
+                    vector(b),
+                )
+                .unwrap();
+            let list: Vec<String> = srcs.iter().map(ToString::to_string).collect();
+            writeln!(out, "S {} {}", s.id, list.join(",")).unwrap();
+        }
+        out.flush().unwrap();
+    }
+}
+
+/// A writer process is SIGKILLed mid-write (5 rounds, one store): every acknowledged memory
+/// and summary (with its links) is there afterwards, and every batch is whole or absent.
+#[test]
+fn sigkill_mid_write_loses_nothing_acknowledged() {
+    use std::io::BufRead;
+    let o = options();
+    let store = PgStore::open(o.clone()).unwrap();
+    let mut acked = Vec::new();
+    let mut acked_s: Vec<(cairn_core::MemoryId, Vec<cairn_core::MemoryId>)> = Vec::new();
+    for round in 0..5u32 {
+        let mut child = spawn_child("crash_child", &o, &round.to_string());
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let kill_after = 100 + 37 * round as usize;
+        let mut n = 0;
+        while let Some(Ok(line)) = lines.next() {
+            let line = line.rsplit("... ").next().unwrap_or_default();
+            let mut parts = line.split(' ');
+            match parts.next() {
+                Some("M") => acked.push(
+                    parts
+                        .next()
+                        .unwrap()
+                        .parse::<cairn_core::MemoryId>()
+                        .unwrap(),
+                ),
+                Some("S") => {
+                    let id = parts.next().unwrap().parse().unwrap();
+                    let srcs = parts
+                        .next()
+                        .unwrap()
+                        .split(',')
+                        .map(|x| x.parse().unwrap())
+                        .collect();
+                    acked_s.push((id, srcs));
+                }
+                _ => continue,
+            }
+            n += 1;
+            if n >= kill_after {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for id in &acked {
+            store
+                .get(*id)
+                .unwrap_or_else(|e| panic!("round {round}: acknowledged {id} lost: {e}"));
+        }
+        for (id, srcs) in &acked_s {
+            let got: Vec<_> = store.sources(*id).unwrap().iter().map(|m| m.id).collect();
+            assert_eq!(&got, srcs, "round {round}: summary {id} keeps its links");
+        }
+        let mut batches: std::collections::HashMap<String, (usize, usize)> = Default::default();
+        for m in store
+            .recent(&Filter::all().kinds([MemoryKind::Knowledge]), 1_000_000)
+            .unwrap()
+        {
+            let e = batches
+                .entry(m.metadata["batch"].as_str().unwrap().to_owned())
+                .or_insert((0, m.metadata["size"].as_u64().unwrap() as usize));
+            e.0 += 1;
+        }
+        for (b, (got, size)) in batches {
+            assert_eq!(got, size, "round {round}: batch {b} is whole");
+        }
+    }
+    store.drop_schema().unwrap();
+}
