@@ -250,6 +250,48 @@ impl PgStore {
     }
 }
 
+/// Statements through the connection's statement cache: after the first use of a text on
+/// a connection, a call is one round trip (bind + execute) instead of two.
+trait Cached: GenericClient + Sync {
+    async fn rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        let st = self.prepare_cached(sql).await?;
+        self.query(&st, params).await
+    }
+
+    async fn row_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Option<Row>, tokio_postgres::Error> {
+        let st = self.prepare_cached(sql).await?;
+        self.query_opt(&st, params).await
+    }
+
+    async fn row_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<Row, tokio_postgres::Error> {
+        let st = self.prepare_cached(sql).await?;
+        self.query_one(&st, params).await
+    }
+
+    async fn exec(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> std::result::Result<u64, tokio_postgres::Error> {
+        let st = self.prepare_cached(sql).await?;
+        self.execute(&st, params).await
+    }
+}
+
+impl<C: GenericClient + Sync> Cached for C {}
+
 /// Reads memories with the rows of a query selecting [`COLS`] (plus optional trailing
 /// columns), attaching summary sources.
 async fn units<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<MemoryUnit>> {
@@ -265,7 +307,7 @@ async fn units<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<Memor
     if !summaries.is_empty() {
         let rids: Vec<i64> = summaries.iter().map(|(_, r)| *r).collect();
         let links = c
-            .query(
+            .rows(
                 "SELECT l.summary, s.id FROM summary_sources l JOIN memories s ON s.rid = l.source
                  WHERE l.summary = ANY($1) ORDER BY l.summary, l.position",
                 &[&rids],
@@ -289,13 +331,13 @@ async fn units<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<Memor
 }
 
 async fn query_units<C: GenericClient + Sync>(c: &C, q: &Query) -> Result<Vec<MemoryUnit>> {
-    let rows = c.query(&q.text, &refs(&q.params)).await.map_err(pg)?;
+    let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
     units(c, &rows).await
 }
 
 async fn get_unit<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<MemoryUnit> {
     let rows = c
-        .query(
+        .rows(
             &format!("SELECT {COLS} FROM memories m WHERE m.id = $1"),
             &[&id.uuid()],
         )
@@ -308,7 +350,7 @@ async fn get_unit<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<Memory
 }
 
 async fn rid_of<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64> {
-    c.query_opt("SELECT rid FROM memories WHERE id = $1", &[&id.uuid()])
+    c.row_opt("SELECT rid FROM memories WHERE id = $1", &[&id.uuid()])
         .await
         .map_err(pg)?
         .map(|r| r.get(0))
@@ -317,7 +359,7 @@ async fn rid_of<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64> {
 
 async fn summary_rid<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64> {
     let row = c
-        .query_opt(
+        .row_opt(
             "SELECT rid, kind FROM memories WHERE id = $1",
             &[&id.uuid()],
         )
@@ -333,7 +375,7 @@ async fn summary_rid<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64
 
 async fn ancestor_rids<C: GenericClient + Sync>(c: &C, rid: i64) -> Result<Vec<i64>> {
     let rows = c
-        .query(
+        .rows(
             "WITH RECURSIVE up(r) AS (
                 SELECT summary FROM summary_sources WHERE source = $1
                 UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
@@ -347,7 +389,7 @@ async fn ancestor_rids<C: GenericClient + Sync>(c: &C, rid: i64) -> Result<Vec<i
 
 async fn citing<C: GenericClient + Sync>(c: &C, rid: i64) -> Result<Vec<(i64, MemoryId)>> {
     let rows = c
-        .query(
+        .rows(
             "SELECT m.rid, m.id FROM summary_sources l JOIN memories m ON m.rid = l.summary
              WHERE l.source = $1 ORDER BY m.rid",
             &[&rid],
@@ -367,7 +409,7 @@ async fn refresh_summaries<C: GenericClient + Sync>(c: &C, rids: &[i64]) -> Resu
         let mut any = false;
         for r in rids {
             let row = c
-                .query_one(
+                .row_one(
                     "WITH agg AS (
                         SELECT COALESCE(MAX(s.level + 1 - l.continues::int), 0) AS lv,
                                MIN(COALESCE(s.time_start, s.created_at)) AS t0,
@@ -404,7 +446,7 @@ async fn insert_one<C: GenericClient + Sync>(c: &C, p: &PreparedMemory, model: &
         supersedes = Some(supersede(c, old, u.id, until).await?);
     }
     let r = c
-        .execute(
+        .exec(
             "INSERT INTO memories (id, kind, thread_id, role, content, created_at, metadata,
                 level, expires_at, valid_from, valid_to, supersedes, model_id, embedding)
              VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, $9, $10, $11, $12, $13)",
@@ -464,7 +506,7 @@ async fn insert_many<C: GenericClient + Sync>(
         .map(|p| Vector::from(p.vector.clone()))
         .collect();
     let written = c
-        .query(
+        .rows(
             "INSERT INTO memories (id, kind, thread_id, role, content, created_at, metadata,
                 level, expires_at, valid_from, valid_to, model_id, embedding)
              SELECT r.id, r.kind, r.thread_id, r.role, r.content, r.created_at, r.metadata, 0,
@@ -505,7 +547,7 @@ impl MemoryBackend for PgStore {
             let tx = c.transaction().await.map_err(pg)?;
             let ids: Vec<uuid::Uuid> = prepared.iter().map(|p| p.unit.id.uuid()).collect();
             let taken: HashSet<uuid::Uuid> = tx
-                .query("SELECT id FROM memories WHERE id = ANY($1)", &[&ids])
+                .rows("SELECT id FROM memories WHERE id = ANY($1)", &[&ids])
                 .await
                 .map_err(pg)?
                 .iter()
@@ -567,7 +609,7 @@ impl MemoryBackend for PgStore {
                 let mut facts = Vec::with_capacity(summary.source_ids.len());
                 for sid in &summary.source_ids {
                     let row = tx
-                        .query_opt(
+                        .row_opt(
                             "SELECT rid, level, COALESCE(time_start, created_at),
                                     COALESCE(time_end, created_at), thread_id
                              FROM memories WHERE id = $1",
@@ -585,7 +627,7 @@ impl MemoryBackend for PgStore {
                     };
                     if let (true, Some(t)) = (check_link_thread(thread, &link)?, thread) {
                         let below = tx
-                            .query_opt(
+                            .row_opt(
                                 "WITH RECURSIVE down(r) AS (
                                     SELECT source FROM summary_sources WHERE summary = $1
                                     UNION SELECT l.source FROM summary_sources l
@@ -636,7 +678,7 @@ impl MemoryBackend for PgStore {
                 let level_i = i32::try_from(level).unwrap_or(i32::MAX);
                 let count = i32::try_from(links.len()).unwrap_or(i32::MAX);
                 let row = tx
-                    .query_one(
+                    .row_one(
                         "INSERT INTO memories (id, kind, thread_id, role, content, created_at,
                             metadata, level, summary_type, time_start, time_end, source_count,
                             model_id, embedding)
@@ -668,7 +710,7 @@ impl MemoryBackend for PgStore {
                 };
                 for (pos, f) in facts.iter().enumerate() {
                     let pos = i32::try_from(pos).unwrap_or(i32::MAX);
-                    tx.execute(
+                    tx.exec(
                         "INSERT INTO summary_sources (summary, source, position, continues)
                          VALUES ($1, $2, $3, false)",
                         &[&rid, &f.0, &pos],
@@ -714,34 +756,35 @@ impl MemoryBackend for PgStore {
         self.block(move |c| async move {
             let c = &c;
             let rid = rid_of(c, id).await?;
-            let mut q = Query::select();
-            q.push(
-                " WHERE m.rid IN (WITH RECURSIVE up(r) AS (
-                        SELECT summary FROM summary_sources WHERE source = ",
+            let mut q = Query::new(
+                "WITH RECURSIVE up(r) AS (SELECT summary FROM summary_sources WHERE source = ",
             );
             q.bind(rid);
-            q.push(
+            q.push(format!(
                 " UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
-                     SELECT r FROM up) ORDER BY m.level, m.created_at, m.rid",
-            );
+                 SELECT {COLS} FROM memories m WHERE m.rid = ANY(ARRAY(SELECT r FROM up))
+                 ORDER BY m.level, m.created_at, m.rid"
+            ));
             query_units(c, &q).await
         })
     }
 
+    // The walk's rows are collected into an array first, so the rows are read by primary
+    // key whatever the planner guesses of the walk's size (a join sized from stale
+    // statistics hashed the whole table).
     fn leaves(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
         self.block(move |c| async move {
             let c = &c;
             let rid = summary_rid(c, summary).await?;
-            let mut q = Query::select();
-            q.push(
-                " WHERE m.level = 0 AND m.rid IN (WITH RECURSIVE down(r) AS (
-                        SELECT source FROM summary_sources WHERE summary = ",
+            let mut q = Query::new(
+                "WITH RECURSIVE down(r) AS (SELECT source FROM summary_sources WHERE summary = ",
             );
             q.bind(rid);
-            q.push(
+            q.push(format!(
                 " UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
-                     SELECT r FROM down) ORDER BY m.created_at, m.rid",
-            );
+                 SELECT {COLS} FROM memories m WHERE m.rid = ANY(ARRAY(SELECT r FROM down))
+                   AND m.level = 0 ORDER BY m.created_at, m.rid"
+            ));
             query_units(c, &q).await
         })
     }
@@ -780,7 +823,7 @@ impl MemoryBackend for PgStore {
                     q.bind(exact_max + 1);
                     q.push(") x");
                     let n: i64 = c
-                        .query_one(&q.text, &refs(&q.params))
+                        .row_one(&q.text, &refs(&q.params))
                         .await
                         .map_err(pg)?
                         .get(0);
@@ -805,7 +848,7 @@ impl MemoryBackend for PgStore {
                     q
                 };
                 let rows = if admitted.is_some_and(|n| n <= exact_max) {
-                    c.query(&exact(v.clone()).text, &refs(&exact(v.clone()).params))
+                    c.rows(&exact(v.clone()).text, &refs(&exact(v.clone()).params))
                         .await
                         .map_err(pg)?
                 } else {
@@ -824,11 +867,11 @@ impl MemoryBackend for PgStore {
                     q.filter(&filter, now);
                     q.push(format!(" ORDER BY m.embedding <=> {at} LIMIT "));
                     q.bind(k);
-                    let mut rows = tx.query(&q.text, &refs(&q.params)).await.map_err(pg)?;
+                    let mut rows = tx.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
                     if i64::try_from(rows.len()).unwrap_or(0) < k && restricted {
                         // The walk came back short (the filter dropped what it reached).
                         let e = exact(v);
-                        rows = tx.query(&e.text, &refs(&e.params)).await.map_err(pg)?;
+                        rows = tx.rows(&e.text, &refs(&e.params)).await.map_err(pg)?;
                     }
                     tx.commit().await.map_err(pg)?;
                     rows
@@ -871,7 +914,7 @@ impl MemoryBackend for PgStore {
         q.bind(i64::try_from(k).unwrap_or(i64::MAX));
         self.block(move |c| async move {
             let c = &c;
-            let rows = c.query(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
             let scores: Vec<f64> = rows.iter().map(|r| r.get("score")).collect();
             let units = units(c, &rows).await?;
             #[allow(clippy::cast_possible_truncation)]
@@ -894,7 +937,7 @@ impl MemoryBackend for PgStore {
     fn threads(&self) -> Result<Vec<ThreadId>> {
         self.block(|c| async move {
             let rows = c
-                .query(
+                .rows(
                     "SELECT DISTINCT thread_id COLLATE \"C\" AS t FROM memories
                          WHERE thread_id IS NOT NULL ORDER BY t",
                     &[],
@@ -923,7 +966,7 @@ async fn supersede<C: GenericClient + Sync>(
         });
     }
     let row = c
-        .query_opt(
+        .row_opt(
             "SELECT rid, kind, valid_to FROM memories WHERE id = $1 FOR UPDATE",
             &[&old.uuid()],
         )
@@ -944,7 +987,7 @@ async fn supersede<C: GenericClient + Sync>(
         });
     }
     let rid: i64 = row.get(0);
-    c.execute(
+    c.exec(
         "UPDATE memories SET valid_to = $2 WHERE rid = $1",
         &[&rid, &until],
     )
@@ -1003,12 +1046,12 @@ async fn delete_many(
             let mut frontier = targets.clone();
             while let Some(gone) = frontier.pop() {
                 let cites = citing(&tx, gone).await?;
-                tx.execute("DELETE FROM summary_sources WHERE source = $1", &[&gone])
+                tx.exec("DELETE FROM summary_sources WHERE source = $1", &[&gone])
                     .await
                     .map_err(pg)?;
                 for (r, sid) in cites {
                     let left: i64 = tx
-                        .query_one(
+                        .row_one(
                             "SELECT count(*) FROM summary_sources WHERE summary = $1",
                             &[&r],
                         )
@@ -1027,7 +1070,7 @@ async fn delete_many(
             }
             kept.retain(|(r, _)| !doomed_set.contains(r));
             let rids: Vec<i64> = kept.iter().map(|(r, _)| *r).collect();
-            tx.execute(
+            tx.exec(
                 "UPDATE memories SET stale = TRUE WHERE rid = ANY($1)",
                 &[&rids],
             )
@@ -1045,7 +1088,7 @@ async fn delete_many(
         }
     }
     for r in &doomed {
-        tx.execute(
+        tx.exec(
             "DELETE FROM summary_sources WHERE summary = $1 OR source = $1",
             &[r],
         )
@@ -1053,7 +1096,7 @@ async fn delete_many(
         .map_err(pg)?;
         // A deleted version leaves the chain of its fact, as in the SQLite store.
         let row = tx
-            .query_one(
+            .row_one(
                 "SELECT supersedes, valid_to FROM memories WHERE rid = $1",
                 &[r],
             )
@@ -1061,7 +1104,7 @@ async fn delete_many(
             .map_err(pg)?;
         let (older, until): (Option<i64>, Option<DateTime<Utc>>) = (row.get(0), row.get(1));
         let newer: Option<(i64, DateTime<Utc>)> = tx
-            .query_opt(
+            .row_opt(
                 "SELECT rid, COALESCE(valid_from, created_at) FROM memories
                  WHERE supersedes = $1 ORDER BY rid LIMIT 1",
                 &[r],
@@ -1075,14 +1118,14 @@ async fn delete_many(
                 Some((_, start)) => Some(start),
                 None => until,
             };
-            tx.execute(
+            tx.exec(
                 "UPDATE memories SET valid_to = $2 WHERE rid = $1",
                 &[&o, &o_until],
             )
             .await
             .map_err(pg)?;
             if let Some((n, _)) = newer {
-                tx.execute(
+                tx.exec(
                     "UPDATE memories SET supersedes = $2 WHERE rid = $1",
                     &[&n, &o],
                 )
@@ -1090,7 +1133,7 @@ async fn delete_many(
                 .map_err(pg)?;
             }
         }
-        tx.execute(
+        tx.exec(
             "UPDATE memories SET supersedes = NULL WHERE supersedes = $1",
             &[r],
         )
@@ -1099,7 +1142,7 @@ async fn delete_many(
     }
     for r in &doomed {
         let row = tx
-            .query_one("DELETE FROM memories WHERE rid = $1 RETURNING id", &[r])
+            .row_one("DELETE FROM memories WHERE rid = $1 RETURNING id", &[r])
             .await
             .map_err(pg)?;
         report
