@@ -1,6 +1,10 @@
 //! PostgreSQL-specific behaviour: filtered HNSW walks that come back short, several
 //! processes on one database, schemas as separate stores, model identity.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
 
 use cairn_core::{MemoryKind, NewMemory};
 use cairn_pg::{PgOptions, PgStore};
