@@ -50,7 +50,7 @@ macro_rules! conformance_suite {
             summaries_link_both_ways, link_rules_write_nothing,
             vector_search_is_exact_at_small_sizes, filtered_vector_search_returns_k,
             keyword_search_matches_any_word, recent_and_threads, delete_policies,
-            metadata_filters);
+            metadata_filters, lifetimes);
     };
     (@each $open:expr; $($name:ident),*) => {
         $(
@@ -714,4 +714,111 @@ pub fn metadata_filters(b: &dyn MemoryBackend) {
     assert!(hits
         .iter()
         .all(|h| h.memory.metadata["user_id"] == json!("alice")));
+}
+
+/// Expired memories are hidden from listing and search but readable by id; a superseding
+/// fact ends the old one's validity, `as_of` and history read the past, only the current
+/// version can be superseded, and deleting the current version makes the old one current.
+pub fn lifetimes(b: &dyn MemoryBackend) {
+    let t = thread("life");
+    let day = Duration::days(1);
+    let paris = b
+        .insert(turn("life", 0, "Ada lives in Paris"), vector(1))
+        .unwrap();
+    let berlin = b
+        .insert(
+            turn("life", 1, "Ada lives in Berlin")
+                .supersedes(paris.id)
+                .valid_from(t0() + day * 10),
+            vector(2),
+        )
+        .unwrap();
+    assert_eq!(berlin.lifetime.supersedes, Some(paris.id));
+    assert_eq!(
+        b.get(paris.id).unwrap().lifetime.valid_to,
+        Some(t0() + day * 10)
+    );
+    assert_eq!(
+        b.get(berlin.id).unwrap().lifetime.supersedes,
+        Some(paris.id)
+    );
+    let contents = |f: Filter| -> Vec<String> {
+        b.recent(&f, 100)
+            .unwrap()
+            .into_iter()
+            .map(|m| m.content)
+            .collect()
+    };
+    let f = || Filter::all().thread(t.clone());
+    assert_eq!(contents(f()), ["Ada lives in Berlin"]);
+    assert_eq!(contents(f().as_of(t0() + day * 5)), ["Ada lives in Paris"]);
+    assert_eq!(
+        contents(f().as_of(t0() + day * 20)),
+        ["Ada lives in Berlin"]
+    );
+    assert_eq!(contents(f().with_history()).len(), 2);
+    let hits = b.search_vector(vector(1), 5, &f()).unwrap();
+    assert_eq!(hits.len(), 1, "the superseded fact is not found");
+    let r = b.insert(
+        turn("life", 2, "Ada lives in Rome").supersedes(paris.id),
+        vector(3),
+    );
+    assert!(
+        matches!(r, Err(StoreError::CannotSupersede { id, .. }) if id == paris.id),
+        "{r:?}"
+    );
+    let r = b.insert(turn("life", 2, "x").supersedes(MemoryId::new()), vector(3));
+    assert!(matches!(r, Err(StoreError::NotFound { .. })), "{r:?}");
+    let s = b
+        .add_summary(
+            NewSummary::new("moves", vec![paris.id]).with_thread(Some(t.clone())),
+            vector(4),
+        )
+        .unwrap();
+    let r = b.insert(turn("life", 3, "y").supersedes(s.id), vector(5));
+    assert!(
+        matches!(r, Err(StoreError::CannotSupersede { .. })),
+        "{r:?}"
+    );
+    // Expiry, against the real clock: an hour ago is past, a day ahead is not.
+    let now = Utc::now();
+    let gone = b
+        .insert(
+            NewMemory::new(MemoryKind::Knowledge, "the door code is 1234")
+                .expires_at(now - Duration::hours(1)),
+            vector(6),
+        )
+        .unwrap();
+    let kept = b
+        .insert(
+            NewMemory::new(MemoryKind::Knowledge, "the door code is 9876").expires_at(now + day),
+            vector(7),
+        )
+        .unwrap();
+    let knowledge = || Filter::all().kinds([MemoryKind::Knowledge]);
+    assert_eq!(ids(&b.recent(&knowledge(), 10).unwrap()), vec![kept.id]);
+    let found: Vec<MemoryId> = b
+        .search_vector(vector(6), 10, &knowledge())
+        .unwrap()
+        .iter()
+        .map(|h| h.memory.id)
+        .collect();
+    assert_eq!(found, vec![kept.id]);
+    let words = b.search_keyword("door code", 10, &Filter::all()).unwrap();
+    assert_eq!(words.len(), 1);
+    assert_eq!(words[0].memory.id, kept.id);
+    assert_eq!(
+        b.get(gone.id).unwrap().lifetime.expires_at,
+        gone.lifetime.expires_at
+    );
+    let mut with_expired = knowledge();
+    with_expired.expired = true;
+    assert_eq!(b.recent(&with_expired, 10).unwrap().len(), 2);
+    // Deleting the current version makes the earlier one current again.
+    b.delete(berlin.id, DeletePolicy::Restrict).unwrap();
+    assert_eq!(b.get(paris.id).unwrap().lifetime.valid_to, None);
+    assert_eq!(
+        contents(f().kinds([MemoryKind::Conversational])),
+        ["Ada lives in Paris"]
+    );
 }
