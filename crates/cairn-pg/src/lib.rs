@@ -39,15 +39,17 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use cairn_core::{
-    normalized, validate_vector, Clock, MemoryId, MemoryKind, MemoryUnit, NewMemory, SummaryInfo,
-    SystemClock, ThreadId,
+    check_metadata, normalized, validate_vector, Clock, MemoryId, MemoryKind, MemoryUnit, Metadata,
+    NewMemory, SummaryInfo, SystemClock, ThreadId,
 };
+use cairn_store::backend::merge_patch;
 use cairn_store::backend::{
     check_link_thread, check_summary, prepare_memories, same_memory, summary_level, to_stored_time,
     PreparedMemory, SourceLink,
 };
 use cairn_store::{
-    DeletePolicy, DeleteReport, Filter, Hit, MemoryBackend, NewSummary, Result, StoreError,
+    Cursor, DeletePolicy, DeleteReport, Filter, Hit, MemoryBackend, NewSummary, Page, Result,
+    StoreError, ThreadState,
 };
 
 use crate::sql::{Query, COLS};
@@ -948,6 +950,91 @@ impl MemoryBackend for PgStore {
                 .iter()
                 .filter_map(|r| ThreadId::new(r.get::<_, String>(0)).ok())
                 .collect())
+        })
+    }
+    fn page(&self, filter: &Filter, cursor: Option<Cursor>, limit: usize) -> Result<Page> {
+        filter.validate()?;
+        let take = limit.min(100_000);
+        let mut q = Query::new(format!(
+            "SELECT {COLS}, m.rid AS seq FROM memories m WHERE TRUE"
+        ));
+        q.filter(filter, self.now());
+        if let Some(c) = cursor {
+            q.push(" AND (m.created_at, m.rid) > (");
+            q.bind(c.created_at());
+            q.push(", ");
+            q.bind(c.sequence());
+            q.push(")");
+        }
+        q.push(" ORDER BY m.created_at, m.rid LIMIT ");
+        q.bind(i64::try_from(take).unwrap_or(i64::MAX).saturating_add(1));
+        self.block(move |c| async move {
+            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            let seqs: Vec<i64> = rows.iter().map(|r| r.get("seq")).collect();
+            let mut items = units(&c, &rows).await?;
+            let more = items.len() > take;
+            items.truncate(take);
+            let next = match (more, items.last()) {
+                (true, Some(last)) => Some(Cursor::after(last.created_at, seqs[items.len() - 1])),
+                _ => None,
+            };
+            Ok(Page { items, next })
+        })
+    }
+
+    fn patch_metadata(&self, id: MemoryId, patch: Metadata) -> Result<MemoryUnit> {
+        check_metadata(&patch)?;
+        self.block(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            // Locked while it changes, so two patches of one memory do not lose either.
+            tx.row_opt(
+                "SELECT 1 FROM memories WHERE id = $1 FOR UPDATE",
+                &[&id.uuid()],
+            )
+            .await
+            .map_err(pg)?
+            .ok_or(StoreError::NotFound { id })?;
+            let mut unit = get_unit(&tx, id).await?;
+            merge_patch(&mut unit.metadata, patch);
+            check_metadata(&unit.metadata)?;
+            tx.exec(
+                "UPDATE memories SET metadata = $2 WHERE id = $1",
+                &[
+                    &id.uuid(),
+                    &serde_json::Value::Object(unit.metadata.clone()),
+                ],
+            )
+            .await
+            .map_err(pg)?;
+            tx.commit().await.map_err(pg)?;
+            Ok(unit)
+        })
+    }
+
+    fn thread_state(&self, thread: &ThreadId, name: &str) -> Result<Option<String>> {
+        let (thread, name) = (thread.as_str().to_owned(), name.to_owned());
+        self.block(move |c| async move {
+            Ok(c.row_opt(
+                "SELECT value FROM thread_state WHERE thread_id = $1 AND name = $2",
+                &[&thread, &name],
+            )
+            .await
+            .map_err(pg)?
+            .map(|r| r.get(0)))
+        })
+    }
+
+    fn set_thread_state(&self, state: ThreadState) -> Result<()> {
+        state.validate()?;
+        self.block(move |c| async move {
+            c.exec(
+                "INSERT INTO thread_state (thread_id, name, value) VALUES ($1, $2, $3)
+                 ON CONFLICT (thread_id, name) DO UPDATE SET value = EXCLUDED.value",
+                &[&state.thread.as_str(), &state.name, &state.value],
+            )
+            .await
+            .map_err(pg)?;
+            Ok(())
         })
     }
 }

@@ -26,10 +26,14 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 
 use cairn_core::{
-    normalized, validate_vector, InputError, MemoryId, MemoryKind, MemoryUnit, NewMemory, ThreadId,
+    normalized, validate_vector, InputError, MemoryId, MemoryKind, MemoryUnit, Metadata, NewMemory,
+    ThreadId,
 };
 
-use crate::{DeletePolicy, DeleteReport, Filter, Hit, NewSummary, Result, StoreError};
+use crate::{
+    Cursor, DeletePolicy, DeleteReport, Filter, Hit, NewSummary, Page, Result, StoreError,
+    ThreadState,
+};
 
 /// What every Cairn storage backend does: rows with their embeddings, summary links both
 /// ways, vector and keyword search under a [`Filter`], thread reads and deletes under a
@@ -97,6 +101,44 @@ pub trait MemoryBackend: Send + Sync {
 
     /// Every thread holding a memory, sorted.
     fn threads(&self) -> Result<Vec<ThreadId>>;
+
+    /// One page of the memories a filter admits, oldest first (by time, then insertion
+    /// order), starting after `cursor`. Memories added while paging never make a page
+    /// repeat or skip one listed before.
+    fn page(&self, filter: &Filter, cursor: Option<Cursor>, limit: usize) -> Result<Page>;
+
+    /// Merges `patch` into a memory's metadata (RFC 7386, see [`merge_patch`]) without
+    /// touching its content or embedding; returns the memory as stored.
+    fn patch_metadata(&self, id: MemoryId, patch: Metadata) -> Result<MemoryUnit>;
+
+    /// A named value of a thread, if one was written.
+    fn thread_state(&self, thread: &ThreadId, name: &str) -> Result<Option<String>>;
+
+    /// Writes (or replaces) a named value of a thread.
+    fn set_thread_state(&self, state: ThreadState) -> Result<()>;
+}
+
+/// RFC 7386 JSON merge patch of an object: a `null` removes a field, an object merges into
+/// an object, anything else replaces.
+pub fn merge_patch(target: &mut Metadata, patch: Metadata) {
+    for (k, v) in patch {
+        match v {
+            serde_json::Value::Null => {
+                target.remove(&k);
+            }
+            serde_json::Value::Object(p) => {
+                let mut inner = match target.remove(&k) {
+                    Some(serde_json::Value::Object(o)) => o,
+                    _ => Metadata::new(),
+                };
+                merge_patch(&mut inner, p);
+                target.insert(k, serde_json::Value::Object(inner));
+            }
+            other => {
+                target.insert(k, other);
+            }
+        }
+    }
 }
 
 /// A memory checked and shaped for writing: the row as it will be stored, its unit-length
@@ -300,5 +342,21 @@ impl MemoryBackend for crate::Store {
 
     fn threads(&self) -> Result<Vec<ThreadId>> {
         crate::Store::threads(self)
+    }
+
+    fn page(&self, filter: &Filter, cursor: Option<Cursor>, limit: usize) -> Result<Page> {
+        crate::Store::page(self, filter, cursor, limit)
+    }
+
+    fn patch_metadata(&self, id: MemoryId, patch: Metadata) -> Result<MemoryUnit> {
+        crate::Store::patch_metadata(self, id, patch)
+    }
+
+    fn thread_state(&self, thread: &ThreadId, name: &str) -> Result<Option<String>> {
+        crate::Store::thread_state(self, thread, name)
+    }
+
+    fn set_thread_state(&self, state: ThreadState) -> Result<()> {
+        crate::Store::set_thread_state(self, state)
     }
 }

@@ -34,7 +34,9 @@ use serde_json::json;
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, NewMemory, Role, ThreadId};
 
-use crate::{DeletePolicy, Filter, MemoryBackend, MetaFilter, NewSummary, StoreError};
+use crate::{
+    Cursor, DeletePolicy, Filter, MemoryBackend, MetaFilter, NewSummary, StoreError, ThreadState,
+};
 
 /// The embedding dimension the checks use.
 pub const DIM: usize = 8;
@@ -50,7 +52,8 @@ macro_rules! conformance_suite {
             summaries_link_both_ways, link_rules_write_nothing,
             vector_search_is_exact_at_small_sizes, filtered_vector_search_returns_k,
             keyword_search_matches_any_word, recent_and_threads, delete_policies,
-            metadata_filters, lifetimes);
+            metadata_filters, lifetimes, paging_lists_each_memory_once, metadata_patches,
+            thread_state_round_trips);
     };
     (@each $open:expr; $($name:ident),*) => {
         $(
@@ -821,4 +824,132 @@ pub fn lifetimes(b: &dyn MemoryBackend) {
         contents(f().kinds([MemoryKind::Conversational])),
         ["Ada lives in Paris"]
     );
+}
+
+/// Paging a thread 40 at a time lists every memory once, in time order, while memories are
+/// added before, at and after the cursor between pages; the cursor survives its text form.
+pub fn paging_lists_each_memory_once(b: &dyn MemoryBackend) {
+    let originals: Vec<MemoryId> = b
+        .insert_batch(
+            (0..250)
+                .map(|i| (turn("pg", i, &format!("p {i}")), vector(i as u64)))
+                .collect(),
+        )
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    let f = Filter::all().thread(thread("pg"));
+    let mut seen = Vec::new();
+    let mut cursor: Option<Cursor> = None;
+    let mut pages = 0;
+    loop {
+        let page = b.page(&f, cursor.clone(), 40).unwrap();
+        assert!(page.items.len() <= 40);
+        assert!(page
+            .items
+            .windows(2)
+            .all(|w| w[0].created_at <= w[1].created_at));
+        seen.extend(page.items.iter().map(|m| m.id));
+        pages += 1;
+        let Some(next) = page.next else { break };
+        let last = page.items.last().unwrap().created_at;
+        // One before the cursor, one at its time, one after the end.
+        b.insert_batch(vec![
+            (turn("pg", -1 - pages, "early"), vector(900)),
+            (turn("pg", 0, "same time").at(last), vector(901)),
+            (turn("pg", 10_000 + pages, "late"), vector(902)),
+        ])
+        .unwrap();
+        cursor = Some(next.to_string().parse().unwrap());
+        assert!(pages < 50, "paging ends");
+    }
+    for id in &originals {
+        assert_eq!(
+            seen.iter().filter(|x| *x == id).count(),
+            1,
+            "{id} listed once"
+        );
+    }
+    let pos: Vec<usize> = originals
+        .iter()
+        .map(|id| seen.iter().position(|x| x == id).unwrap())
+        .collect();
+    assert!(pos.windows(2).all(|w| w[0] < w[1]), "in time order");
+    assert!(b.page(&f, None, 0).unwrap().items.is_empty());
+}
+
+/// A merge patch adds, replaces and removes fields (nested objects merge) without touching
+/// content or embedding; an unknown id is `NotFound` and a bad patch changes nothing.
+pub fn metadata_patches(b: &dyn MemoryBackend) {
+    let mut meta = cairn_core::Metadata::new();
+    meta.insert("user_id".into(), json!("alice"));
+    meta.insert("prefs".into(), json!({"tea": "green", "cups": 2}));
+    meta.insert("old".into(), json!(true));
+    let m = b
+        .insert(turn("patch", 0, "likes tea").with_metadata(meta), vector(5))
+        .unwrap();
+    let patch = json!({"prefs": {"cups": 3, "sugar": null}, "old": null, "tier": "gold"});
+    let serde_json::Value::Object(patch) = patch else {
+        unreachable!()
+    };
+    let out = b.patch_metadata(m.id, patch).unwrap();
+    let want = json!({"user_id": "alice", "prefs": {"tea": "green", "cups": 3}, "tier": "gold"});
+    assert_eq!(serde_json::Value::Object(out.metadata.clone()), want);
+    let stored = b.get(m.id).unwrap();
+    assert_eq!(stored.metadata, out.metadata);
+    assert_eq!(stored.content, "likes tea");
+    let hits = b.search_vector(vector(5), 1, &Filter::all()).unwrap();
+    assert_eq!(hits[0].memory.id, m.id);
+    assert!(
+        (hits[0].score - 1.0).abs() < 1e-3,
+        "the embedding is unchanged"
+    );
+    assert!(matches!(
+        b.patch_metadata(MemoryId::new(), cairn_core::Metadata::new()),
+        Err(StoreError::NotFound { .. })
+    ));
+    let mut deep = json!(1);
+    for _ in 0..70 {
+        deep = json!([deep]);
+    }
+    let mut bad = cairn_core::Metadata::new();
+    bad.insert("deep".into(), deep);
+    assert!(matches!(
+        b.patch_metadata(m.id, bad),
+        Err(StoreError::Input(_))
+    ));
+    assert_eq!(b.get(m.id).unwrap().metadata, out.metadata);
+}
+
+/// Thread state values are written, replaced and read per thread and name; bad names are
+/// refused.
+pub fn thread_state_round_trips(b: &dyn MemoryBackend) {
+    let put = |t: &str, n: &str, v: &str| {
+        b.set_thread_state(ThreadState {
+            thread: thread(t),
+            name: n.into(),
+            value: v.into(),
+        })
+    };
+    assert_eq!(b.thread_state(&thread("ts"), "head").unwrap(), None);
+    put("ts", "head", "one").unwrap();
+    put("ts", "head", "two").unwrap();
+    put("ts", "tail", "x").unwrap();
+    put("other", "head", "y").unwrap();
+    assert_eq!(
+        b.thread_state(&thread("ts"), "head").unwrap().as_deref(),
+        Some("two")
+    );
+    assert_eq!(
+        b.thread_state(&thread("ts"), "tail").unwrap().as_deref(),
+        Some("x")
+    );
+    assert_eq!(
+        b.thread_state(&thread("other"), "head").unwrap().as_deref(),
+        Some("y")
+    );
+    assert!(put("ts", "", "v").is_err());
+    assert!(put("ts", "big", &"v".repeat(70_000)).is_err());
+    assert_eq!(b.thread_state(&thread("ts"), "big").unwrap(), None);
 }

@@ -93,7 +93,8 @@ pub struct ThreadState {
 }
 
 impl ThreadState {
-    fn validate(&self) -> Result<()> {
+    /// Checks the name (1 to 200 bytes) and the value (at most 64 KiB).
+    pub fn validate(&self) -> Result<()> {
         if self.name.is_empty() || self.name.len() > 200 {
             return Err(StoreError::Config(format!(
                 "a thread state name must have 1 to 200 bytes (got {})",
@@ -134,6 +135,27 @@ pub struct DeleteReport {
 pub struct Cursor {
     created_at: i64,
     rid: i64,
+}
+
+impl Cursor {
+    /// The position after the memory created at `created_at` with insertion sequence
+    /// `sequence` (what a backend's listing hands out).
+    pub fn after(created_at: DateTime<Utc>, sequence: i64) -> Self {
+        Self {
+            created_at: to_micros(created_at),
+            rid: sequence,
+        }
+    }
+
+    /// The time of the last memory listed.
+    pub fn created_at(&self) -> DateTime<Utc> {
+        from_micros(self.created_at)
+    }
+
+    /// The insertion sequence of the last memory listed.
+    pub fn sequence(&self) -> i64 {
+        self.rid
+    }
 }
 
 impl std::fmt::Display for Cursor {
@@ -714,7 +736,7 @@ impl Store {
     /// they are (their text does not depend on metadata).
     pub fn patch_metadata(&self, id: MemoryId, patch: Metadata) -> Result<MemoryUnit> {
         check_metadata(&patch)?;
-        self.rewrite_metadata(id, move |m| merge_patch(m, patch))
+        self.rewrite_metadata(id, move |m| crate::backend::merge_patch(m, patch))
     }
 
     /// Replaces a memory's metadata whole (no merge), without touching its content or
@@ -2386,28 +2408,6 @@ fn supersede(
     )?;
     log_vids(tx, shared, [vid_usize(vid)])?;
     Ok((vid_usize(vid), level))
-}
-
-/// RFC 7386 JSON merge patch of an object.
-fn merge_patch(target: &mut Metadata, patch: Metadata) {
-    for (k, v) in patch {
-        match v {
-            serde_json::Value::Null => {
-                target.remove(&k);
-            }
-            serde_json::Value::Object(p) => {
-                let mut inner = match target.remove(&k) {
-                    Some(serde_json::Value::Object(o)) => o,
-                    _ => Metadata::new(),
-                };
-                merge_patch(&mut inner, p);
-                target.insert(k, serde_json::Value::Object(inner));
-            }
-            other => {
-                target.insert(k, other);
-            }
-        }
-    }
 }
 
 /// A random id for this handle's entries in the index log.
