@@ -844,7 +844,7 @@ pub fn paging_lists_each_memory_once(b: &dyn MemoryBackend) {
     let mut cursor: Option<Cursor> = None;
     let mut pages = 0;
     loop {
-        let page = b.page(&f, cursor.clone(), 40).unwrap();
+        let page = b.page(&f, cursor, 40).unwrap();
         assert!(page.items.len() <= 40);
         assert!(page
             .items
