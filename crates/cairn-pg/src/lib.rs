@@ -835,24 +835,23 @@ impl MemoryBackend for PgStore {
                 };
                 let exact = |v: Vector| {
                     // A materialized CTE keeps the planner off the HNSW index: every
-                    // admitted row is scored.
-                    let mut q = Query::new(
-                        "WITH c AS MATERIALIZED (SELECT m.rid FROM memories m WHERE TRUE",
-                    );
-                    q.filter(&filter, now);
-                    q.push(format!(") SELECT {COLS}, 1 - (m.embedding <=> "));
+                    // admitted row is scored, and only the best k rows are read whole.
+                    let mut q =
+                        Query::new("WITH c AS MATERIALIZED (SELECT m.rid, m.embedding <=> ");
                     q.bind(v);
-                    q.push(
-                        ") AS score FROM c JOIN memories m ON m.rid = c.rid
-                         ORDER BY score DESC, m.rid LIMIT ",
-                    );
+                    q.push(" AS d FROM memories m WHERE TRUE");
+                    q.filter(&filter, now);
+                    q.push(") , top AS (SELECT rid, d FROM c ORDER BY d, rid LIMIT ");
                     q.bind(k);
+                    q.push(format!(
+                        ") SELECT {COLS}, 1 - top.d AS score FROM top
+                         JOIN memories m ON m.rid = top.rid ORDER BY top.d, m.rid"
+                    ));
                     q
                 };
                 let rows = if admitted.is_some_and(|n| n <= exact_max) {
-                    c.rows(&exact(v.clone()).text, &refs(&exact(v.clone()).params))
-                        .await
-                        .map_err(pg)?
+                    let e = exact(v.clone());
+                    c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?
                 } else {
                     let tx = c.transaction().await.map_err(pg)?;
                     let ef = (k * 4).clamp(100, 1_000);
