@@ -241,6 +241,28 @@ impl PgStore {
         Ok(Vector::from(normalized(v)?))
     }
 
+    /// The memories linked to `id` that `head` + its rid + `tail` selects (`{COLS}` in
+    /// `tail` stands for [`COLS`]); `summary`: `id` must be a summary.
+    fn linked(
+        &self,
+        id: MemoryId,
+        summary: bool,
+        head: String,
+        tail: &'static str,
+    ) -> Result<Vec<MemoryUnit>> {
+        self.block(move |c| async move {
+            let rid = if summary {
+                summary_rid(&c, id).await?
+            } else {
+                rid_of(&c, id).await?
+            };
+            let mut q = Query::new(head);
+            q.bind(rid);
+            q.push(tail.replace("{COLS}", COLS));
+            query_units(&c, &q).await
+        })
+    }
+
     /// Drops this store's schema and everything in it (tests, `cairn` tools).
     pub fn drop_schema(self) -> Result<()> {
         let schema = self.options.schema.clone();
@@ -731,64 +753,52 @@ impl MemoryBackend for PgStore {
     }
 
     fn sources(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
-        self.block(move |c| async move {
-            let c = &c;
-            let rid = summary_rid(c, summary).await?;
-            let mut q = Query::select();
-            q.push(" JOIN summary_sources l ON l.source = m.rid WHERE l.summary = ");
-            q.bind(rid);
-            q.push(" ORDER BY l.position");
-            query_units(c, &q).await
-        })
+        self.linked(
+            summary,
+            true,
+            format!(
+                "SELECT {COLS} FROM memories m JOIN summary_sources l ON l.source = m.rid
+                 WHERE l.summary = "
+            ),
+            " ORDER BY l.position",
+        )
     }
 
     fn summaries_of(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
-        self.block(move |c| async move {
-            let c = &c;
-            let rid = rid_of(c, id).await?;
-            let mut q = Query::select();
-            q.push(" JOIN summary_sources l ON l.summary = m.rid WHERE l.source = ");
-            q.bind(rid);
-            q.push(" ORDER BY m.created_at, m.rid");
-            query_units(c, &q).await
-        })
+        self.linked(
+            id,
+            false,
+            format!(
+                "SELECT {COLS} FROM memories m JOIN summary_sources l ON l.summary = m.rid
+                 WHERE l.source = "
+            ),
+            " ORDER BY m.created_at, m.rid",
+        )
     }
 
-    fn ancestors(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
-        self.block(move |c| async move {
-            let c = &c;
-            let rid = rid_of(c, id).await?;
-            let mut q = Query::new(
-                "WITH RECURSIVE up(r) AS (SELECT summary FROM summary_sources WHERE source = ",
-            );
-            q.bind(rid);
-            q.push(format!(
-                " UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
-                 SELECT {COLS} FROM memories m WHERE m.rid = ANY(ARRAY(SELECT r FROM up))
-                 ORDER BY m.level, m.created_at, m.rid"
-            ));
-            query_units(c, &q).await
-        })
-    }
-
-    // The walk's rows are collected into an array first, so the rows are read by primary
+    // The walks' rows are collected into an array first, so the rows are read by primary
     // key whatever the planner guesses of the walk's size (a join sized from stale
     // statistics hashed the whole table).
+    fn ancestors(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.linked(
+            id,
+            false,
+            "WITH RECURSIVE up(r) AS (SELECT summary FROM summary_sources WHERE source = ".into(),
+            " UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
+             SELECT {COLS} FROM memories m WHERE m.rid = ANY(ARRAY(SELECT r FROM up))
+             ORDER BY m.level, m.created_at, m.rid",
+        )
+    }
+
     fn leaves(&self, summary: MemoryId) -> Result<Vec<MemoryUnit>> {
-        self.block(move |c| async move {
-            let c = &c;
-            let rid = summary_rid(c, summary).await?;
-            let mut q = Query::new(
-                "WITH RECURSIVE down(r) AS (SELECT source FROM summary_sources WHERE summary = ",
-            );
-            q.bind(rid);
-            q.push(format!(
-                " UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
-                 SELECT {COLS} FROM memories m WHERE m.rid = ANY(ARRAY(SELECT r FROM down))
-                   AND m.level = 0 ORDER BY m.created_at, m.rid"
-            ));
-            query_units(c, &q).await
-        })
+        self.linked(
+            summary,
+            true,
+            "WITH RECURSIVE down(r) AS (SELECT source FROM summary_sources WHERE summary = ".into(),
+            " UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+             SELECT {COLS} FROM memories m WHERE m.rid = ANY(ARRAY(SELECT r FROM down))
+               AND m.level = 0 ORDER BY m.created_at, m.rid",
+        )
     }
 
     fn recent(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
