@@ -57,6 +57,10 @@ use crate::sql::{Query, COLS};
 /// A filter admitting at most this many memories is answered by an exact scan of them.
 pub const EXACT_SCAN_MAX: i64 = 20_000;
 
+/// pgvector's `hnsw.ef_search` on every connection; a search for more than a quarter of it
+/// (k > 25) raises it to 4k (at most 1,000) for its own transaction.
+pub const DEFAULT_EF_SEARCH: i64 = 100;
+
 /// Where and how to open a PostgreSQL store.
 #[derive(Clone)]
 pub struct PgOptions {
@@ -189,7 +193,10 @@ impl PgStore {
     pub fn open(options: PgOptions) -> Result<Self> {
         options.validate()?;
         let mut config: tokio_postgres::Config = options.url.parse().map_err(pg)?;
-        config.options(format!("-c search_path={},public", options.schema));
+        config.options(format!(
+            "-c search_path={},public -c hnsw.ef_search={DEFAULT_EF_SEARCH}",
+            options.schema
+        ));
         if config.get_application_name().is_none() {
             config.application_name("cairn");
         }
@@ -859,12 +866,28 @@ impl MemoryBackend for PgStore {
                     ));
                     q
                 };
+                let mut walk = Query::new(format!("SELECT {COLS}, 1 - (m.embedding <=> "));
+                let at = walk.bind(v.clone());
+                walk.push(") AS score FROM memories m WHERE TRUE");
+                walk.filter(&filter, now);
+                walk.push(format!(" ORDER BY m.embedding <=> {at} LIMIT "));
+                walk.bind(k);
+                let ef = (k * 4).clamp(DEFAULT_EF_SEARCH, 1_000);
                 let rows = if admitted.is_some_and(|n| n <= exact_max) {
-                    let e = exact(v.clone());
+                    let e = exact(v);
                     c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?
+                } else if !restricted && ef == DEFAULT_EF_SEARCH {
+                    // The connection's settings serve: one round trip.
+                    let rows = c.rows(&walk.text, &refs(&walk.params)).await.map_err(pg)?;
+                    if i64::try_from(rows.len()).unwrap_or(0) < k {
+                        // Expired or ended memories the walk met were filtered out.
+                        let e = exact(v);
+                        c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?
+                    } else {
+                        rows
+                    }
                 } else {
                     let tx = c.transaction().await.map_err(pg)?;
-                    let ef = (k * 4).clamp(100, 1_000);
                     // The filter admits many rows: walk the index rather than let the
                     // planner sort every admitted row.
                     tx.batch_execute(&format!(
@@ -872,14 +895,8 @@ impl MemoryBackend for PgStore {
                     ))
                     .await
                     .map_err(pg)?;
-                    let mut q = Query::new(format!("SELECT {COLS}, 1 - (m.embedding <=> "));
-                    let at = q.bind(v.clone());
-                    q.push(") AS score FROM memories m WHERE TRUE");
-                    q.filter(&filter, now);
-                    q.push(format!(" ORDER BY m.embedding <=> {at} LIMIT "));
-                    q.bind(k);
-                    let mut rows = tx.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
-                    if i64::try_from(rows.len()).unwrap_or(0) < k && restricted {
+                    let mut rows = tx.rows(&walk.text, &refs(&walk.params)).await.map_err(pg)?;
+                    if i64::try_from(rows.len()).unwrap_or(0) < k {
                         // The walk came back short (the filter dropped what it reached).
                         let e = exact(v);
                         rows = tx.rows(&e.text, &refs(&e.params)).await.map_err(pg)?;
