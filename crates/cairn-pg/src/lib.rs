@@ -709,7 +709,7 @@ impl MemoryBackend for PgStore {
                 let level_i = i32::try_from(level).unwrap_or(i32::MAX);
                 let count = i32::try_from(links.len()).unwrap_or(i32::MAX);
                 let row = tx
-                    .row_one(
+                    .row_opt(
                         "INSERT INTO memories (id, kind, thread_id, role, content, created_at,
                             metadata, level, summary_type, time_start, time_end, source_count,
                             model_id, embedding)
@@ -731,14 +731,11 @@ impl MemoryBackend for PgStore {
                         ],
                     )
                     .await;
-                let rid: i64 = match row {
-                    Ok(r) => r.get(0),
-                    // ON CONFLICT DO NOTHING returns no row: the id is taken.
-                    Err(e) if e.to_string().contains("unexpected number of rows") => {
-                        return Err(StoreError::DuplicateId { id })
-                    }
-                    Err(e) => return Err(pg(e)),
-                };
+                // ON CONFLICT DO NOTHING returns no row: the id is taken.
+                let rid: i64 = row
+                    .map_err(pg)?
+                    .ok_or(StoreError::DuplicateId { id })?
+                    .get(0);
                 for (pos, f) in facts.iter().enumerate() {
                     let pos = i32::try_from(pos).unwrap_or(i32::MAX);
                     tx.exec(

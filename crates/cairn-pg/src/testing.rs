@@ -3,7 +3,9 @@
 //! The binaries come from PyPI's `pgserver` wheel, unpacked by `scripts/setup-postgres.sh`
 //! (run here on first use). [`server`] starts one server per test process: `initdb` in a
 //! temporary directory, then `postgres` on a free port of 127.0.0.1, as the `postgres` user
-//! when the tests run as root (PostgreSQL refuses to run as root). A watchdog shell stops
+//! (or `nobody` where there is none) when the tests run as root (PostgreSQL refuses to run
+//! as root); when that user cannot reach the checkout, from a copy of the binaries in the
+//! temporary directory. A watchdog shell stops
 //! the server and removes its directory once the test process is gone. Each
 //! [`TestServer::store`] gets a schema of its own, so tests run in parallel.
 #![allow(clippy::missing_panics_doc)]
@@ -108,32 +110,94 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// A command that runs `program` as the `postgres` user when this process is root.
-fn as_pg_user(program: &Path, root: bool) -> Command {
-    if root {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
+/// The unprivileged user PostgreSQL runs as when the tests run as root: `postgres` when
+/// the machine has one, else `nobody`.
+fn server_user() -> &'static str {
+    let has_postgres = Command::new("id")
+        .arg("postgres")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if has_postgres {
+        "postgres"
     } else {
-        Command::new(program)
+        "nobody"
+    }
+}
+
+/// A command that runs `program` as `user` (when this process is root), else as this user.
+fn as_user(program: &Path, user: Option<&str>) -> Command {
+    match user {
+        Some(u) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", u, "--"]).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// `install`, or a copy of it every user can reach when `user` cannot (the checkout may
+/// sit below a directory only root enters, such as /root): copied once into the temporary
+/// directory, under a name of its own, and renamed into place when complete.
+fn reachable_install(install: &Path, user: Option<&str>) -> Result<PathBuf, String> {
+    let Some(u) = user else {
+        return Ok(install.to_path_buf());
+    };
+    let reachable = |dir: &Path| {
+        as_user(Path::new("test"), Some(u))
+            .arg("-x")
+            .arg(dir.join("bin/postgres"))
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if reachable(install) {
+        return Ok(install.to_path_buf());
+    }
+    // The wheel's layout: the binaries in `<tree>/pgserver/pginstall`, the libraries they
+    // load (by a relative run path) in `<tree>/pgserver.libs`: the whole tree is copied.
+    let tree = install
+        .ancestors()
+        .nth(2)
+        .ok_or_else(|| format!("{} is not inside the pgserver tree", install.display()))?;
+    let inside = install.strip_prefix(tree).map_err(|e| e.to_string())?;
+    let copy = std::env::temp_dir().join("cairn-pgserver-0.1.4");
+    let shared = copy.join(inside);
+    if !reachable(&shared) {
+        let partial = std::env::temp_dir().join(format!("cairn-pgserver-{}", std::process::id()));
+        run(Command::new("cp").arg("-a").arg(tree).arg(&partial))?;
+        run(Command::new("chmod").arg("-R").arg("a+rX").arg(&partial))?;
+        // Another test process may have put its copy in place first: then this one goes.
+        if std::fs::rename(&partial, &copy).is_err() {
+            let _ = std::fs::remove_dir_all(&partial);
+        }
+    }
+    if reachable(&shared) {
+        Ok(shared)
+    } else {
+        Err(format!(
+            "user {u} cannot run {} nor a copy in {}",
+            install.display(),
+            shared.display()
+        ))
     }
 }
 
 fn start() -> Result<TestServer, String> {
-    let install = install_dir()?;
+    let user = is_root().then(server_user);
+    let install = reachable_install(&install_dir()?, user)?;
     let bin = install.join("bin");
-    let root = is_root();
     let dir = tempfile::Builder::new()
         .prefix("cairn-pg-")
         .tempdir()
         .map_err(|e| e.to_string())?
         .keep();
-    if root {
-        run(Command::new("chown").arg("postgres").arg(&dir))
-            .map_err(|e| format!("{e} (the tests run as root and need a `postgres` user)"))?;
+    if let Some(u) = user {
+        run(Command::new("chown").arg(u).arg(&dir))?;
     }
     let data = dir.join("data");
-    run(as_pg_user(&bin.join("initdb"), root)
+    run(as_user(&bin.join("initdb"), user)
         .arg("-D")
         .arg(&data)
         .args([
@@ -167,8 +231,8 @@ fn start() -> Result<TestServer, String> {
         .arg("cairn-pg-watchdog")
         .env("DIR", &dir)
         .env("WATCH", std::process::id().to_string());
-    if root {
-        watchdog.args(["runuser", "-u", "postgres", "--"]);
+    if let Some(u) = user {
+        watchdog.args(["runuser", "-u", u, "--"]);
     }
     watchdog
         .arg(bin.join("postgres"))
