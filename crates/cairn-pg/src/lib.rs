@@ -1060,6 +1060,97 @@ impl MemoryBackend for PgStore {
             Ok(())
         })
     }
+    fn existing(&self, ids: &[MemoryId]) -> Result<HashSet<MemoryId>> {
+        let uuids: Vec<uuid::Uuid> = ids.iter().map(MemoryId::uuid).collect();
+        self.block(move |c| async move {
+            Ok(
+                c.rows("SELECT id FROM memories WHERE id = ANY($1)", &[&uuids])
+                    .await
+                    .map_err(pg)?
+                    .iter()
+                    .map(|r| MemoryId::from_uuid(r.get(0)))
+                    .collect(),
+            )
+        })
+    }
+
+    fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        let uuids: Vec<uuid::Uuid> = ids.iter().map(MemoryId::uuid).collect();
+        let found: HashMap<MemoryId, MemoryUnit> = self.block(move |c| async move {
+            let rows = c
+                .rows(
+                    &format!("SELECT {COLS} FROM memories m WHERE m.id = ANY($1)"),
+                    &[&uuids],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(units(&c, &rows)
+                .await?
+                .into_iter()
+                .map(|u| (u.id, u))
+                .collect())
+        })?;
+        ids.iter()
+            .map(|id| {
+                found
+                    .get(id)
+                    .cloned()
+                    .ok_or(StoreError::NotFound { id: *id })
+            })
+            .collect()
+    }
+
+    fn versions(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        self.linked(
+            id,
+            false,
+            "WITH RECURSIVE back(rid) AS (SELECT ".into(),
+            "::bigint UNION SELECT o.supersedes FROM memories o JOIN back b ON o.rid = b.rid
+                 WHERE o.supersedes IS NOT NULL),
+             fwd(rid) AS (SELECT rid FROM back WHERE rid = (SELECT min(rid) FROM back)
+                 UNION SELECT o.rid FROM memories o JOIN fwd f ON o.supersedes = f.rid)
+             SELECT {COLS} FROM memories m
+             WHERE m.rid = ANY(ARRAY(SELECT rid FROM back UNION SELECT rid FROM fwd))
+             ORDER BY COALESCE(m.valid_from, m.created_at), m.rid",
+        )
+    }
+
+    fn expired(&self, limit: usize) -> Result<Vec<MemoryId>> {
+        let now = self.now();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.block(move |c| async move {
+            Ok(c.rows(
+                "SELECT id FROM memories WHERE expires_at IS NOT NULL AND expires_at <= $1
+                 ORDER BY expires_at LIMIT $2",
+                &[&now, &limit],
+            )
+            .await
+            .map_err(pg)?
+            .iter()
+            .map(|r| MemoryId::from_uuid(r.get(0)))
+            .collect())
+        })
+    }
+
+    fn set_expiry(&self, id: MemoryId, expires_at: Option<DateTime<Utc>>) -> Result<MemoryUnit> {
+        let expires_at = expires_at.map(to_stored_time);
+        self.block(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            let n = tx
+                .exec(
+                    "UPDATE memories SET expires_at = $2 WHERE id = $1",
+                    &[&id.uuid(), &expires_at],
+                )
+                .await
+                .map_err(pg)?;
+            if n == 0 {
+                return Err(StoreError::NotFound { id });
+            }
+            let unit = get_unit(&tx, id).await?;
+            tx.commit().await.map_err(pg)?;
+            Ok(unit)
+        })
+    }
 }
 
 /// Ends the validity of `old` at `until` because `new` supersedes it; returns `old`'s rid.

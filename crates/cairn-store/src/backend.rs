@@ -116,6 +116,22 @@ pub trait MemoryBackend: Send + Sync {
 
     /// Writes (or replaces) a named value of a thread.
     fn set_thread_state(&self, state: ThreadState) -> Result<()>;
+
+    /// Which of `ids` exist.
+    fn existing(&self, ids: &[MemoryId]) -> Result<HashSet<MemoryId>>;
+
+    /// Several memories, in the order asked; an unknown id is [`StoreError::NotFound`].
+    fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>>;
+
+    /// Every version of the fact `id` belongs to (what it supersedes, back to the first,
+    /// and what supersedes it), oldest first by `valid_from`.
+    fn versions(&self, id: MemoryId) -> Result<Vec<MemoryUnit>>;
+
+    /// Up to `limit` memories whose expiry has passed, oldest expiry first.
+    fn expired(&self, limit: usize) -> Result<Vec<MemoryId>>;
+
+    /// Sets (or, with `None`, removes) a memory's expiry; returns the memory as stored.
+    fn set_expiry(&self, id: MemoryId, expires_at: Option<DateTime<Utc>>) -> Result<MemoryUnit>;
 }
 
 /// RFC 7386 JSON merge patch of an object: a `null` removes a field, an object merges into
@@ -358,5 +374,25 @@ impl MemoryBackend for crate::Store {
 
     fn set_thread_state(&self, state: ThreadState) -> Result<()> {
         crate::Store::set_thread_state(self, state)
+    }
+
+    fn existing(&self, ids: &[MemoryId]) -> Result<HashSet<MemoryId>> {
+        crate::Store::existing(self, ids)
+    }
+
+    fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        crate::Store::get_many(self, ids)
+    }
+
+    fn versions(&self, id: MemoryId) -> Result<Vec<MemoryUnit>> {
+        crate::Store::versions(self, id)
+    }
+
+    fn expired(&self, limit: usize) -> Result<Vec<MemoryId>> {
+        crate::Store::expired(self, limit)
+    }
+
+    fn set_expiry(&self, id: MemoryId, expires_at: Option<DateTime<Utc>>) -> Result<MemoryUnit> {
+        crate::Store::set_expiry(self, id, expires_at)
     }
 }

@@ -53,7 +53,7 @@ macro_rules! conformance_suite {
             vector_search_is_exact_at_small_sizes, filtered_vector_search_returns_k,
             keyword_search_matches_any_word, recent_and_threads, delete_policies,
             metadata_filters, lifetimes, paging_lists_each_memory_once, metadata_patches,
-            thread_state_round_trips);
+            thread_state_round_trips, versions_reads_and_expiry);
     };
     (@each $open:expr; $($name:ident),*) => {
         $(
@@ -952,4 +952,69 @@ pub fn thread_state_round_trips(b: &dyn MemoryBackend) {
     assert!(put("ts", "", "v").is_err());
     assert!(put("ts", "big", &"v".repeat(70_000)).is_err());
     assert_eq!(b.thread_state(&thread("ts"), "big").unwrap(), None);
+}
+
+/// A fact's versions come back oldest first from any of them; `existing` and `get_many`
+/// answer for several ids; an expiry set later hides a memory and lists it as expired, and
+/// removing it shows the memory again.
+pub fn versions_reads_and_expiry(b: &dyn MemoryBackend) {
+    let day = Duration::days(1);
+    let a = b.insert(turn("ver", 0, "v1"), vector(1)).unwrap();
+    let v2 = b
+        .insert(
+            turn("ver", 1, "v2").supersedes(a.id).valid_from(t0() + day),
+            vector(2),
+        )
+        .unwrap();
+    let v3 = b
+        .insert(
+            turn("ver", 2, "v3")
+                .supersedes(v2.id)
+                .valid_from(t0() + day * 2),
+            vector(3),
+        )
+        .unwrap();
+    let other = b.insert(turn("ver", 3, "unrelated"), vector(4)).unwrap();
+    for id in [a.id, v2.id, v3.id] {
+        assert_eq!(ids(&b.versions(id).unwrap()), vec![a.id, v2.id, v3.id]);
+    }
+    assert_eq!(ids(&b.versions(other.id).unwrap()), vec![other.id]);
+    assert!(matches!(
+        b.versions(MemoryId::new()),
+        Err(StoreError::NotFound { .. })
+    ));
+    let unknown = MemoryId::new();
+    assert_eq!(
+        b.existing(&[a.id, unknown, v3.id]).unwrap(),
+        HashSet::from([a.id, v3.id])
+    );
+    assert_eq!(ids(&b.get_many(&[v3.id, a.id]).unwrap()), vec![v3.id, a.id]);
+    assert!(matches!(
+        b.get_many(&[a.id, unknown]),
+        Err(StoreError::NotFound { id }) if id == unknown
+    ));
+    let e = b
+        .insert(
+            NewMemory::new(MemoryKind::Knowledge, "temporary"),
+            vector(5),
+        )
+        .unwrap();
+    assert!(b.expired(10).unwrap().is_empty());
+    let past = Utc::now() - Duration::hours(1);
+    let set = b.set_expiry(e.id, Some(past)).unwrap();
+    assert_eq!(
+        set.lifetime.expires_at,
+        Some(crate::backend::to_stored_time(past))
+    );
+    assert_eq!(b.expired(10).unwrap(), vec![e.id]);
+    let knowledge = Filter::all().kinds([MemoryKind::Knowledge]);
+    assert!(b.recent(&knowledge, 10).unwrap().is_empty());
+    let back = b.set_expiry(e.id, None).unwrap();
+    assert_eq!(back.lifetime.expires_at, None);
+    assert!(b.expired(10).unwrap().is_empty());
+    assert_eq!(ids(&b.recent(&knowledge, 10).unwrap()), vec![e.id]);
+    assert!(matches!(
+        b.set_expiry(MemoryId::new(), None),
+        Err(StoreError::NotFound { .. })
+    ));
 }
