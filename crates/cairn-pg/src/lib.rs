@@ -150,6 +150,10 @@ impl PgOptions {
 }
 
 /// A Cairn store in PostgreSQL (see the crate documentation).
+///
+/// It owns a small Tokio runtime and blocks on it: call its methods, and drop it, from a
+/// plain thread or inside `tokio::task::spawn_blocking`, never directly inside an async
+/// task (Tokio panics when a runtime blocks or is dropped there).
 pub struct PgStore {
     rt: tokio::runtime::Runtime,
     pool: Pool,
