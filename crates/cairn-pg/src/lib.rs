@@ -365,6 +365,21 @@ async fn units<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<Memor
     Ok(out)
 }
 
+/// Search hits from rows selecting [`COLS`] and a `score` column.
+async fn hits<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<Hit>> {
+    let scores: Vec<f64> = rows.iter().map(|r| r.get("score")).collect();
+    #[allow(clippy::cast_possible_truncation)]
+    Ok(units(c, rows)
+        .await?
+        .into_iter()
+        .zip(scores)
+        .map(|(memory, s)| Hit {
+            memory,
+            score: s as f32,
+        })
+        .collect())
+}
+
 async fn query_units<C: GenericClient + Sync>(c: &C, q: &Query) -> Result<Vec<MemoryUnit>> {
     let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
     units(c, &rows).await
@@ -905,17 +920,7 @@ impl MemoryBackend for PgStore {
                     tx.commit().await.map_err(pg)?;
                     rows
                 };
-                let scores: Vec<f64> = rows.iter().map(|r| r.get("score")).collect();
-                let units = units(&c, &rows).await?;
-                #[allow(clippy::cast_possible_truncation)]
-                Ok(units
-                    .into_iter()
-                    .zip(scores)
-                    .map(|(memory, s)| Hit {
-                        memory,
-                        score: s as f32,
-                    })
-                    .collect())
+                hits(&c, &rows).await
             }
         })
     }
@@ -944,17 +949,7 @@ impl MemoryBackend for PgStore {
         self.block(move |c| async move {
             let c = &c;
             let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
-            let scores: Vec<f64> = rows.iter().map(|r| r.get("score")).collect();
-            let units = units(c, &rows).await?;
-            #[allow(clippy::cast_possible_truncation)]
-            Ok(units
-                .into_iter()
-                .zip(scores)
-                .map(|(memory, s)| Hit {
-                    memory,
-                    score: s as f32,
-                })
-                .collect())
+            hits(c, &rows).await
         })
     }
 
