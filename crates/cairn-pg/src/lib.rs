@@ -151,11 +151,13 @@ impl PgOptions {
 
 /// A Cairn store in PostgreSQL (see the crate documentation).
 ///
-/// It owns a small Tokio runtime and blocks on it: call its methods, and drop it, from a
-/// plain thread or inside `tokio::task::spawn_blocking`, never directly inside an async
-/// task (Tokio panics when a runtime blocks or is dropped there).
+/// It owns a small Tokio runtime and blocks on it: call its methods from a plain thread or
+/// inside `tokio::task::spawn_blocking`, never directly inside an async task (Tokio panics
+/// when a runtime blocks there). It may be dropped anywhere: its runtime is shut down
+/// without waiting.
 pub struct PgStore {
-    rt: tokio::runtime::Runtime,
+    /// Always `Some` until drop, which takes it to shut it down in the background.
+    rt: Option<tokio::runtime::Runtime>,
     pool: Pool,
     options: PgOptions,
 }
@@ -220,7 +222,11 @@ impl PgStore {
             .thread_name("cairn-pg")
             .enable_all()
             .build()?;
-        let store = Self { rt, pool, options };
+        let store = Self {
+            rt: Some(rt),
+            pool,
+            options,
+        };
         let options = store.options.clone();
         store.block(move |c| async move { sql::migrate(&c, &options).await })?;
         Ok(store)
@@ -237,7 +243,8 @@ impl PgStore {
         F: FnOnce(deadpool_postgres::Object) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        self.rt.block_on(async {
+        let rt = self.rt.as_ref().ok_or(StoreError::WriterGone)?;
+        rt.block_on(async {
             let client = self.pool.get().await.map_err(pg)?;
             f(client).await
         })
@@ -282,6 +289,16 @@ impl PgStore {
                 .await
                 .map_err(pg)
         })
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks until its tasks end, which Tokio forbids inside an
+        // async task (a harness dropped on a worker thread); nothing here needs waiting for.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
@@ -588,6 +605,14 @@ impl MemoryBackend for PgStore {
     fn dimension(&self) -> usize {
         self.options.dim
     }
+
+    fn model_id(&self) -> String {
+        self.options.model_id.clone()
+    }
+
+    // -- reads the harness uses (src/reads.rs) --
+
+    // -- writes the harness uses (src/writes.rs) --
 
     fn insert_batch(&self, items: Vec<(NewMemory, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
         let now = self.now();

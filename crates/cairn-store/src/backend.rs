@@ -32,7 +32,7 @@ use cairn_core::{
 
 use crate::{
     Cursor, DeletePolicy, DeleteReport, Filter, Hit, NewSummary, Page, Result, StoreError,
-    ThreadState,
+    StoreStats, ThreadState, TimelineEntry,
 };
 
 /// What every Cairn storage backend does: rows with their embeddings, summary links both
@@ -132,6 +132,335 @@ pub trait MemoryBackend: Send + Sync {
 
     /// Sets (or, with `None`, removes) a memory's expiry; returns the memory as stored.
     fn set_expiry(&self, id: MemoryId, expires_at: Option<DateTime<Utc>>) -> Result<MemoryUnit>;
+
+    // What the harness needs beyond the rows: index-id reads for context assembly,
+    // consolidation's writes, and housekeeping. An index id (`vid`) is a backend's own
+    // never-reused number for a memory's vector (the HNSW id in SQLite, the row id in
+    // PostgreSQL); it is only meaningful to the backend that gave it.
+
+    /// The embedding model this store belongs to.
+    fn model_id(&self) -> String;
+
+    /// [`Self::get_many`] that skips ids with no memory (deleted meanwhile, say).
+    fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        let _ = ids;
+        Err(unsupported(self, "get_found"))
+    }
+
+    /// Every memory `filter` admits, oldest first (ties by insertion): `limit` from `offset`.
+    fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
+        let _ = (filter, offset, limit);
+        Err(unsupported(self, "scan"))
+    }
+
+    /// The content and text `metadata.speaker` of every memory `filter` admits, oldest first.
+    fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
+        let _ = filter;
+        Err(unsupported(self, "texts"))
+    }
+
+    /// The timeline of what `filter` admits (time, index id, speaker, length), oldest first.
+    fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
+        let _ = filter;
+        Err(unsupported(self, "timeline_entries"))
+    }
+
+    /// The timeline entries of the memories whose index ids are `vids`, oldest first (ties by
+    /// insertion); unknown ids are left out.
+    fn timeline_of(&self, vids: &[u64]) -> Result<Vec<TimelineEntry>> {
+        let _ = vids;
+        Err(unsupported(self, "timeline_of"))
+    }
+
+    /// For each of `times`, up to `before` admitted entries before it and up to `after` at or
+    /// after it, oldest first (see [`crate::Store::timeline_around`]).
+    fn timeline_around(
+        &self,
+        filter: &Filter,
+        times: &[DateTime<Utc>],
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<Vec<TimelineEntry>>> {
+        let _ = (filter, times, before, after);
+        Err(unsupported(self, "timeline_around"))
+    }
+
+    /// Up to `limit` admitted entries, the oldest (or the newest when `newest`), oldest first,
+    /// with whether more were admitted.
+    fn timeline_page(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        newest: bool,
+    ) -> Result<(Vec<TimelineEntry>, bool)> {
+        let _ = (filter, limit, newest);
+        Err(unsupported(self, "timeline_page"))
+    }
+
+    /// The distinct text `metadata.speaker` values of a thread's memories, in byte order.
+    fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>> {
+        let _ = thread;
+        Err(unsupported(self, "thread_speakers"))
+    }
+
+    /// A thread's summaries no summary cites, among the newest `per_level` of each level,
+    /// oldest first.
+    fn top_summaries(&self, thread: &ThreadId, per_level: usize) -> Result<Vec<MemoryUnit>> {
+        let _ = (thread, per_level);
+        Err(unsupported(self, "top_summaries"))
+    }
+
+    /// How many live memories of `kinds` a thread holds.
+    fn count_in_thread(&self, thread: &ThreadId, kinds: &[MemoryKind]) -> Result<usize> {
+        let _ = (thread, kinds);
+        Err(unsupported(self, "count_in_thread"))
+    }
+
+    /// [`Self::search_vector`] as (index id, similarity), best first, without reading rows;
+    /// `ef` overrides the search breadth where the backend has one.
+    fn search_vector_ids(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32)>> {
+        let _ = (query, k, filter, ef);
+        Err(unsupported(self, "search_vector_ids"))
+    }
+
+    /// [`Self::search_vector_ids`] scored exactly on every admitted memory, never through an
+    /// approximate index.
+    fn search_vector_ids_exact(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        let _ = (query, k, filter);
+        Err(unsupported(self, "search_vector_ids_exact"))
+    }
+
+    /// [`Self::search_keyword`] as (index id, score), best first, without reading rows.
+    fn search_keyword_ids(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        let _ = (query, k, filter);
+        Err(unsupported(self, "search_keyword_ids"))
+    }
+
+    /// [`Self::search_keyword_ids`] over only the words of `query` that at most `max_matches`
+    /// memories hold; empty when every word is more common.
+    fn search_keyword_ids_capped(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+        max_matches: usize,
+    ) -> Result<Vec<(u64, f32)>> {
+        let _ = (query, k, filter, max_matches);
+        Err(unsupported(self, "search_keyword_ids_capped"))
+    }
+
+    /// The rows of ranked index ids, in the given order with their scores; ids whose row is
+    /// gone are skipped.
+    fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {
+        let _ = found;
+        Err(unsupported(self, "hits"))
+    }
+
+    /// The cosine similarity of `query` to each memory of `vids`, in that order; unknown ids
+    /// are left out.
+    fn similarities(&self, query: Vec<f32>, vids: &[u64]) -> Result<Vec<(u64, f32)>> {
+        let _ = (query, vids);
+        Err(unsupported(self, "similarities"))
+    }
+
+    /// The index ids of the level-0 memories under the summaries `summaries` (index ids),
+    /// through every level, once each.
+    fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>> {
+        let _ = summaries;
+        Err(unsupported(self, "leaf_vids"))
+    }
+
+    /// The index ids of the summaries a summary (by index id) cites directly, in order,
+    /// continuation links left out.
+    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
+        let _ = summary;
+        Err(unsupported(self, "child_summary_vids"))
+    }
+
+    /// Stale summaries `filter` admits, lowest level first, then oldest; at most `limit`.
+    fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
+        let _ = (filter, limit);
+        Err(unsupported(self, "stale_summaries"))
+    }
+
+    /// The oldest `limit` memories `filter` admits that no summary at `parent_level` cites.
+    fn scan_uncovered_page(
+        &self,
+        filter: &Filter,
+        parent_level: u32,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        let _ = (filter, parent_level, limit);
+        Err(unsupported(self, "scan_uncovered_page"))
+    }
+
+    /// Raw memories that arrived after the level-1 conversation summary whose span holds
+    /// their time, each with that summary, oldest first.
+    fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
+        let _ = filter;
+        Err(unsupported(self, "late_arrivals"))
+    }
+
+    /// The memories of `kind` in `thread` inserted after sequence number `after`, in
+    /// insertion order, with their sequence numbers (which only grow, never reused).
+    fn thread_tail(
+        &self,
+        thread: &ThreadId,
+        kind: MemoryKind,
+        after: u64,
+    ) -> Result<Vec<(MemoryUnit, u64)>> {
+        let _ = (thread, kind, after);
+        Err(unsupported(self, "thread_tail"))
+    }
+
+    /// The memories `ids`, in that order, with their sequence numbers; `NotFound` for one
+    /// that is not stored.
+    fn sequenced(&self, ids: &[MemoryId]) -> Result<Vec<(MemoryUnit, u64)>> {
+        let _ = ids;
+        Err(unsupported(self, "sequenced"))
+    }
+
+    /// The highest sequence number given so far (0 for an empty store).
+    fn last_sequence(&self) -> Result<u64> {
+        Err(unsupported(self, "last_sequence"))
+    }
+
+    /// A memory's stored embedding.
+    fn embedding(&self, id: MemoryId) -> Result<Vec<f32>> {
+        let _ = id;
+        Err(unsupported(self, "embedding"))
+    }
+
+    /// Counts per kind and level, stale summaries and links (and, in SQLite, index health).
+    fn stats(&self) -> Result<StoreStats> {
+        Err(unsupported(self, "stats"))
+    }
+
+    /// Replaces a memory's content (and metadata when given) and embedding; every summary
+    /// above it is marked stale.
+    fn update(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        let _ = (id, content, metadata, embedding);
+        Err(unsupported(self, "update"))
+    }
+
+    /// Rewrites a summary from its current sources: content, metadata when given, embedding;
+    /// clears its stale flag, recomputes level, span and source count, marks those above
+    /// stale. `NotASummary` for a memory that is not one.
+    fn refresh_summary(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        let _ = (id, content, metadata, embedding);
+        Err(unsupported(self, "refresh_summary"))
+    }
+
+    /// Replaces a memory's metadata whole (no merge).
+    fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit> {
+        let _ = (id, metadata);
+        Err(unsupported(self, "set_metadata"))
+    }
+
+    /// Appends sources to a summary, refusing cycles, and updates the level and span of it
+    /// and of every summary above.
+    fn extend_summary(&self, summary: MemoryId, sources: Vec<MemoryId>) -> Result<MemoryUnit> {
+        let _ = (summary, sources);
+        Err(unsupported(self, "extend_summary"))
+    }
+
+    /// Adds `source` to `summary` at its place in time and marks the summary and those above
+    /// stale.
+    fn place_source(&self, summary: MemoryId, source: MemoryId) -> Result<MemoryUnit> {
+        let _ = (summary, source);
+        Err(unsupported(self, "place_source"))
+    }
+
+    /// Adds a summary that continues `previous` (a continuation link first), writing `state`
+    /// in the same transaction (see [`crate::Store::add_continuation`]).
+    fn add_continuation(
+        &self,
+        summary: NewSummary,
+        previous: Option<MemoryId>,
+        state: Option<ThreadState>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        let _ = (summary, previous, state, embedding);
+        Err(unsupported(self, "add_continuation"))
+    }
+
+    /// Removes every per-thread state value of `thread`.
+    fn clear_thread_state(&self, thread: &ThreadId) -> Result<()> {
+        let _ = thread;
+        Err(unsupported(self, "clear_thread_state"))
+    }
+
+    /// Every memory for a backup: `on_start` gets the count, then `on_row` each memory whole
+    /// (and its vector when `with_embeddings`), by level then insertion, so every summary
+    /// comes after its sources. An error from a callback stops the read and is returned.
+    fn backup_rows(
+        &self,
+        with_embeddings: bool,
+        on_start: &mut dyn FnMut(usize) -> Result<()>,
+        on_row: &mut dyn FnMut(MemoryUnit, Option<Vec<f32>>) -> Result<()>,
+    ) -> Result<usize> {
+        let _ = (with_embeddings, on_start, on_row);
+        Err(unsupported(self, "backup_rows"))
+    }
+
+    /// Writes memories read from a backup as they were (ids, times, links, flags), in one
+    /// transaction, summaries after their sources; an id already stored is `DuplicateId`
+    /// (see [`crate::Store::restore`] for every check).
+    fn restore(&self, items: Vec<(MemoryUnit, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
+        let _ = items;
+        Err(unsupported(self, "restore"))
+    }
+
+    /// Writes what the backend keeps outside its rows (SQLite: the index snapshot). Nothing
+    /// to do where everything is in the database.
+    fn snapshot(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Rebuilds the vector index from the stored embeddings.
+    fn reindex(&self) -> Result<()> {
+        Err(unsupported(self, "reindex"))
+    }
+
+    /// Finishes queued work and releases the backend; other handles to it see it closed.
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn unsupported<B: MemoryBackend + ?Sized>(b: &B, what: &'static str) -> StoreError {
+    StoreError::Unsupported {
+        backend: b.backend_name(),
+        what,
+    }
 }
 
 /// RFC 7386 JSON merge patch of an object: a `null` removes a field, an object merges into
@@ -394,5 +723,227 @@ impl MemoryBackend for crate::Store {
 
     fn set_expiry(&self, id: MemoryId, expires_at: Option<DateTime<Utc>>) -> Result<MemoryUnit> {
         crate::Store::set_expiry(self, id, expires_at)
+    }
+
+    fn model_id(&self) -> String {
+        self.options().model_id.clone()
+    }
+
+    fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        crate::Store::get_found(self, ids)
+    }
+
+    fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
+        crate::Store::scan(self, filter, offset, limit)
+    }
+
+    fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
+        crate::Store::texts(self, filter)
+    }
+
+    fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
+        crate::Store::timeline_entries(self, filter)
+    }
+
+    fn timeline_of(&self, vids: &[u64]) -> Result<Vec<TimelineEntry>> {
+        crate::Store::timeline_of(self, vids)
+    }
+
+    fn timeline_around(
+        &self,
+        filter: &Filter,
+        times: &[DateTime<Utc>],
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<Vec<TimelineEntry>>> {
+        crate::Store::timeline_around(self, filter, times, before, after)
+    }
+
+    fn timeline_page(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        newest: bool,
+    ) -> Result<(Vec<TimelineEntry>, bool)> {
+        crate::Store::timeline_page(self, filter, limit, newest)
+    }
+
+    fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>> {
+        crate::Store::thread_speakers(self, thread)
+    }
+
+    fn top_summaries(&self, thread: &ThreadId, per_level: usize) -> Result<Vec<MemoryUnit>> {
+        crate::Store::top_summaries(self, thread, per_level)
+    }
+
+    fn count_in_thread(&self, thread: &ThreadId, kinds: &[MemoryKind]) -> Result<usize> {
+        crate::Store::count_in_thread(self, thread, kinds)
+    }
+
+    fn search_vector_ids(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32)>> {
+        crate::Store::search_vector_ids(self, query, k, filter, ef)
+    }
+
+    fn search_vector_ids_exact(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        crate::Store::search_vector_ids_exact(self, query, k, filter)
+    }
+
+    fn search_keyword_ids(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        crate::Store::search_keyword_ids(self, query, k, filter)
+    }
+
+    fn search_keyword_ids_capped(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+        max_matches: usize,
+    ) -> Result<Vec<(u64, f32)>> {
+        crate::Store::search_keyword_ids_capped(self, query, k, filter, max_matches)
+    }
+
+    fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {
+        crate::Store::hits(self, found)
+    }
+
+    fn similarities(&self, query: Vec<f32>, vids: &[u64]) -> Result<Vec<(u64, f32)>> {
+        crate::Store::similarities(self, query, vids)
+    }
+
+    fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>> {
+        crate::Store::leaf_vids(self, summaries)
+    }
+
+    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
+        crate::Store::child_summary_vids(self, summary)
+    }
+
+    fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
+        crate::Store::stale_summaries(self, filter, limit)
+    }
+
+    fn scan_uncovered_page(
+        &self,
+        filter: &Filter,
+        parent_level: u32,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        crate::Store::scan_uncovered_page(self, filter, parent_level, limit)
+    }
+
+    fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
+        crate::Store::late_arrivals(self, filter)
+    }
+
+    fn thread_tail(
+        &self,
+        thread: &ThreadId,
+        kind: MemoryKind,
+        after: u64,
+    ) -> Result<Vec<(MemoryUnit, u64)>> {
+        crate::Store::thread_tail(self, thread, kind, after)
+    }
+
+    fn sequenced(&self, ids: &[MemoryId]) -> Result<Vec<(MemoryUnit, u64)>> {
+        crate::Store::sequenced(self, ids)
+    }
+
+    fn last_sequence(&self) -> Result<u64> {
+        crate::Store::last_sequence(self)
+    }
+
+    fn embedding(&self, id: MemoryId) -> Result<Vec<f32>> {
+        crate::Store::embedding(self, id)
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        crate::Store::stats(self)
+    }
+
+    fn update(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        crate::Store::update(self, id, content, metadata, embedding)
+    }
+
+    fn refresh_summary(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        crate::Store::refresh_summary(self, id, content, metadata, embedding)
+    }
+
+    fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit> {
+        crate::Store::set_metadata(self, id, metadata)
+    }
+
+    fn extend_summary(&self, summary: MemoryId, sources: Vec<MemoryId>) -> Result<MemoryUnit> {
+        crate::Store::extend_summary(self, summary, sources)
+    }
+
+    fn place_source(&self, summary: MemoryId, source: MemoryId) -> Result<MemoryUnit> {
+        crate::Store::place_source(self, summary, source)
+    }
+
+    fn add_continuation(
+        &self,
+        summary: NewSummary,
+        previous: Option<MemoryId>,
+        state: Option<ThreadState>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        crate::Store::add_continuation(self, summary, previous, state, embedding)
+    }
+
+    fn clear_thread_state(&self, thread: &ThreadId) -> Result<()> {
+        crate::Store::clear_thread_state(self, thread)
+    }
+
+    fn backup_rows(
+        &self,
+        with_embeddings: bool,
+        on_start: &mut dyn FnMut(usize) -> Result<()>,
+        on_row: &mut dyn FnMut(MemoryUnit, Option<Vec<f32>>) -> Result<()>,
+    ) -> Result<usize> {
+        crate::Store::backup_rows(self, with_embeddings, on_start, on_row)
+    }
+
+    fn restore(&self, items: Vec<(MemoryUnit, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
+        crate::Store::restore(self, items)
+    }
+
+    fn snapshot(&self) -> Result<()> {
+        crate::Store::snapshot(self)
+    }
+
+    fn reindex(&self) -> Result<()> {
+        crate::Store::reindex(self)
+    }
+
+    fn close(&self) -> Result<()> {
+        self.clone().close()
     }
 }
