@@ -25,6 +25,7 @@
 //! # Ok::<(), cairn_store::StoreError>(())
 //! ```
 
+mod reads;
 mod sql;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -49,7 +50,7 @@ use cairn_store::backend::{
 };
 use cairn_store::{
     Cursor, DeletePolicy, DeleteReport, Filter, Hit, MemoryBackend, NewSummary, Page, Result,
-    StoreError, ThreadState,
+    StoreError, StoreStats, ThreadState, TimelineEntry,
 };
 
 use crate::sql::{Query, COLS};
@@ -58,7 +59,8 @@ use crate::sql::{Query, COLS};
 pub const EXACT_SCAN_MAX: i64 = 20_000;
 
 /// pgvector's `hnsw.ef_search` on every connection; a search for more than a quarter of it
-/// (k > 25) raises it to 4k (at most 1,000) for its own transaction.
+/// (k > 25) raises it to 4k (at most 1,000) for its own transaction, and a caller's `ef`
+/// (`search_vector_ids`) sets it to that (at least k, at most 1,000).
 pub const DEFAULT_EF_SEARCH: i64 = 100;
 
 /// Where and how to open a PostgreSQL store.
@@ -382,21 +384,6 @@ async fn units<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<Memor
     Ok(out)
 }
 
-/// Search hits from rows selecting [`COLS`] and a `score` column.
-async fn hits<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<Hit>> {
-    let scores: Vec<f64> = rows.iter().map(|r| r.get("score")).collect();
-    #[allow(clippy::cast_possible_truncation)]
-    Ok(units(c, rows)
-        .await?
-        .into_iter()
-        .zip(scores)
-        .map(|(memory, s)| Hit {
-            memory,
-            score: s as f32,
-        })
-        .collect())
-}
-
 async fn query_units<C: GenericClient + Sync>(c: &C, q: &Query) -> Result<Vec<MemoryUnit>> {
     let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
     units(c, &rows).await
@@ -611,6 +598,153 @@ impl MemoryBackend for PgStore {
     }
 
     // -- reads the harness uses (src/reads.rs) --
+
+    fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        PgStore::get_found(self, ids)
+    }
+
+    fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
+        PgStore::scan(self, filter, offset, limit)
+    }
+
+    fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
+        PgStore::texts(self, filter)
+    }
+
+    fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
+        PgStore::timeline_entries(self, filter)
+    }
+
+    fn timeline_of(&self, vids: &[u64]) -> Result<Vec<TimelineEntry>> {
+        PgStore::timeline_of(self, vids)
+    }
+
+    fn timeline_around(
+        &self,
+        filter: &Filter,
+        times: &[DateTime<Utc>],
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<Vec<TimelineEntry>>> {
+        PgStore::timeline_around(self, filter, times, before, after)
+    }
+
+    fn timeline_page(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        newest: bool,
+    ) -> Result<(Vec<TimelineEntry>, bool)> {
+        PgStore::timeline_page(self, filter, limit, newest)
+    }
+
+    fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>> {
+        PgStore::thread_speakers(self, thread)
+    }
+
+    fn top_summaries(&self, thread: &ThreadId, per_level: usize) -> Result<Vec<MemoryUnit>> {
+        PgStore::top_summaries(self, thread, per_level)
+    }
+
+    fn count_in_thread(&self, thread: &ThreadId, kinds: &[MemoryKind]) -> Result<usize> {
+        PgStore::count_in_thread(self, thread, kinds)
+    }
+
+    fn search_vector_ids(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32)>> {
+        PgStore::search_vector_ids(self, query, k, filter, ef)
+    }
+
+    fn search_vector_ids_exact(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        PgStore::search_vector_ids_exact(self, query, k, filter)
+    }
+
+    fn search_keyword_ids(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        PgStore::search_keyword_ids(self, query, k, filter)
+    }
+
+    fn search_keyword_ids_capped(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+        max_matches: usize,
+    ) -> Result<Vec<(u64, f32)>> {
+        PgStore::search_keyword_ids_capped(self, query, k, filter, max_matches)
+    }
+
+    fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {
+        PgStore::hits(self, found)
+    }
+
+    fn similarities(&self, query: Vec<f32>, vids: &[u64]) -> Result<Vec<(u64, f32)>> {
+        PgStore::similarities(self, query, vids)
+    }
+
+    fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>> {
+        PgStore::leaf_vids(self, summaries)
+    }
+
+    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
+        PgStore::child_summary_vids(self, summary)
+    }
+
+    fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
+        PgStore::stale_summaries(self, filter, limit)
+    }
+
+    fn scan_uncovered_page(
+        &self,
+        filter: &Filter,
+        parent_level: u32,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        PgStore::scan_uncovered_page(self, filter, parent_level, limit)
+    }
+
+    fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
+        PgStore::late_arrivals(self, filter)
+    }
+
+    fn thread_tail(
+        &self,
+        thread: &ThreadId,
+        kind: MemoryKind,
+        after: u64,
+    ) -> Result<Vec<(MemoryUnit, u64)>> {
+        PgStore::thread_tail(self, thread, kind, after)
+    }
+
+    fn sequenced(&self, ids: &[MemoryId]) -> Result<Vec<(MemoryUnit, u64)>> {
+        PgStore::sequenced(self, ids)
+    }
+
+    fn last_sequence(&self) -> Result<u64> {
+        PgStore::last_sequence(self)
+    }
+
+    fn embedding(&self, id: MemoryId) -> Result<Vec<f32>> {
+        PgStore::embedding(self, id)
+    }
+
+    fn stats(&self) -> Result<StoreStats> {
+        PgStore::stats(self)
+    }
 
     // -- writes the harness uses (src/writes.rs) --
 
@@ -862,120 +996,11 @@ impl MemoryBackend for PgStore {
     }
 
     fn search_vector(&self, query: Vec<f32>, k: usize, filter: &Filter) -> Result<Vec<Hit>> {
-        filter.validate()?;
-        let v = self.prepare_vector(query)?;
-        if k == 0 {
-            return Ok(Vec::new());
-        }
-        let k = i64::try_from(k).unwrap_or(i64::MAX);
-        let now = self.now();
-        let filter = filter.clone();
-        let exact_max = self.options.exact_scan_max.max(0);
-        self.block(move |mut c| {
-            async move {
-                // How many memories the filter admits, counted up to the exact-scan bound.
-                let restricted = !filter.is_empty();
-                let admitted = if restricted {
-                    let mut q =
-                        Query::new("SELECT count(*) FROM (SELECT 1 FROM memories m WHERE TRUE");
-                    q.filter(&filter, now);
-                    q.push(" LIMIT ");
-                    q.bind(exact_max + 1);
-                    q.push(") x");
-                    let n: i64 = c
-                        .row_one(&q.text, &refs(&q.params))
-                        .await
-                        .map_err(pg)?
-                        .get(0);
-                    Some(n)
-                } else {
-                    None
-                };
-                let exact = |v: Vector| {
-                    // A materialized CTE keeps the planner off the HNSW index: every
-                    // admitted row is scored, and only the best k rows are read whole.
-                    let mut q =
-                        Query::new("WITH c AS MATERIALIZED (SELECT m.rid, m.embedding <=> ");
-                    q.bind(v);
-                    q.push(" AS d FROM memories m WHERE TRUE");
-                    q.filter(&filter, now);
-                    q.push(") , top AS (SELECT rid, d FROM c ORDER BY d, rid LIMIT ");
-                    q.bind(k);
-                    q.push(format!(
-                        ") SELECT {COLS}, 1 - top.d AS score FROM top
-                         JOIN memories m ON m.rid = top.rid ORDER BY top.d, m.rid"
-                    ));
-                    q
-                };
-                let mut walk = Query::new(format!("SELECT {COLS}, 1 - (m.embedding <=> "));
-                let at = walk.bind(v.clone());
-                walk.push(") AS score FROM memories m WHERE TRUE");
-                walk.filter(&filter, now);
-                walk.push(format!(" ORDER BY m.embedding <=> {at} LIMIT "));
-                walk.bind(k);
-                let ef = (k * 4).clamp(DEFAULT_EF_SEARCH, 1_000);
-                let rows = if admitted.is_some_and(|n| n <= exact_max) {
-                    let e = exact(v);
-                    c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?
-                } else if !restricted && ef == DEFAULT_EF_SEARCH {
-                    // The connection's settings serve: one round trip.
-                    let rows = c.rows(&walk.text, &refs(&walk.params)).await.map_err(pg)?;
-                    if i64::try_from(rows.len()).unwrap_or(0) < k {
-                        // Expired or ended memories the walk met were filtered out.
-                        let e = exact(v);
-                        c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?
-                    } else {
-                        rows
-                    }
-                } else {
-                    let tx = c.transaction().await.map_err(pg)?;
-                    // The filter admits many rows: walk the index rather than let the
-                    // planner sort every admitted row.
-                    tx.batch_execute(&format!(
-                        "SET LOCAL hnsw.ef_search = {ef}; SET LOCAL enable_seqscan = off"
-                    ))
-                    .await
-                    .map_err(pg)?;
-                    let mut rows = tx.rows(&walk.text, &refs(&walk.params)).await.map_err(pg)?;
-                    if i64::try_from(rows.len()).unwrap_or(0) < k {
-                        // The walk came back short (the filter dropped what it reached).
-                        let e = exact(v);
-                        rows = tx.rows(&e.text, &refs(&e.params)).await.map_err(pg)?;
-                    }
-                    tx.commit().await.map_err(pg)?;
-                    rows
-                };
-                hits(&c, &rows).await
-            }
-        })
+        PgStore::search_vector_hits(self, query, k, filter)
     }
 
     fn search_keyword(&self, query: &str, k: usize, filter: &Filter) -> Result<Vec<Hit>> {
-        filter.validate()?;
-        if k == 0 || query.trim().is_empty() {
-            return Ok(Vec::new());
-        }
-        let now = self.now();
-        // Any word of the query: its stemmed lexemes joined with `|`, each quoted, so
-        // punctuation and operators in the query are never tsquery syntax.
-        let mut q = Query::new(
-            "WITH q AS (SELECT (SELECT string_agg('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''', ' | ')
-                FROM unnest(tsvector_to_array(to_tsvector('english', ",
-        );
-        q.bind(query.to_owned());
-        q.push(format!(
-            "))) AS x)::tsquery AS q)
-             SELECT {COLS}, ts_rank(m.fts, q.q, 1)::float8 AS score FROM memories m, q
-             WHERE q.q IS NOT NULL AND m.fts @@ q.q"
-        ));
-        q.filter(filter, now);
-        q.push(" ORDER BY score DESC, m.rid LIMIT ");
-        q.bind(i64::try_from(k).unwrap_or(i64::MAX));
-        self.block(move |c| async move {
-            let c = &c;
-            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
-            hits(c, &rows).await
-        })
+        PgStore::search_keyword_hits(self, query, k, filter)
     }
 
     fn delete_many(&self, ids: &[MemoryId], policy: DeletePolicy) -> Result<DeleteReport> {

@@ -60,6 +60,8 @@ macro_rules! conformance_suite {
             metadata_filters, lifetimes, paging_lists_each_memory_once, metadata_patches,
             thread_state_round_trips, versions_reads_and_expiry,
             // Reads the harness uses (conformance/reads.rs).
+            index_id_searches_agree, timelines_with_ties, thread_reads, hierarchy_by_index_id,
+            consolidation_scans, sequence_numbers_grow,
             // Writes the harness uses (conformance/writes.rs).
         );
     };

@@ -1,0 +1,822 @@
+//! The reads the harness builds on, on PostgreSQL: index-id searches and the rows of their
+//! hits, timelines, thread reads, the hierarchy by index id, consolidation's scans,
+//! sequence numbers and counts. An index id (`vid`) and a sequence number are both a
+//! memory's `rid`: assigned in insertion order, never reused.
+//!
+//! Every statement is built from constant text and bound parameters (filters through
+//! [`Query::filter`]).
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::GenericClient;
+use pgvector::Vector;
+use tokio_postgres::Row;
+
+use cairn_core::{MemoryId, MemoryKind, MemoryUnit, ThreadId};
+use cairn_store::{Filter, Hit, Result, StoreError, StoreStats, TimelineEntry};
+
+use crate::sql::{Query, COLS};
+use crate::{pg, query_units, refs, units, Cached, PgStore, DEFAULT_EF_SEARCH};
+
+/// The columns of a timeline entry (alias `m`): time, rid, text speaker, length in characters.
+const TIMELINE_COLS: &str = "m.created_at, m.rid, \
+     CASE WHEN jsonb_typeof(m.metadata -> 'speaker') = 'string' \
+     THEN m.metadata ->> 'speaker' END, char_length(m.content)";
+
+/// pgvector's largest `hnsw.ef_search`.
+const MAX_EF_SEARCH: i64 = 1_000;
+
+/// A row of [`TIMELINE_COLS`].
+fn timeline_entry(r: &Row) -> TimelineEntry {
+    TimelineEntry {
+        at: r.get(0),
+        vid: vid(r.get(1)),
+        speaker: r.get(2),
+        chars: usize::try_from(r.get::<_, i32>(3)).unwrap_or(0),
+    }
+}
+
+/// A rid as an index id.
+fn vid(rid: i64) -> u64 {
+    u64::try_from(rid).unwrap_or(0)
+}
+
+/// An index id as a rid (`None` for one no rid can be).
+fn rid(vid: u64) -> Option<i64> {
+    i64::try_from(vid).ok()
+}
+
+/// A count or limit as a bound bigint.
+fn big(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// (rid, score) rows as (index id, score).
+fn ranked(rows: &[Row]) -> Vec<(u64, f32)> {
+    #[allow(clippy::cast_possible_truncation)] // a similarity or rank fits an f32
+    rows.iter()
+        .map(|r| (vid(r.get(0)), r.get::<_, f64>(1) as f32))
+        .collect()
+}
+
+/// The exact top `k` of what `filter` admits by cosine distance to `v`, as (rid, similarity).
+/// A materialized CTE keeps the planner off the HNSW index: every admitted row is scored.
+fn exact_query(v: Vector, k: i64, filter: &Filter, now: DateTime<Utc>) -> Query {
+    let mut q = Query::new("WITH c AS MATERIALIZED (SELECT m.rid, m.embedding <=> ");
+    q.bind(v);
+    q.push(" AS d FROM memories m WHERE TRUE");
+    q.filter(filter, now);
+    q.push(") SELECT c.rid, 1 - c.d AS score FROM c ORDER BY c.d, c.rid LIMIT ");
+    q.bind(k);
+    q
+}
+
+/// What a vector search needs besides the connection.
+pub(crate) struct VectorSearch {
+    /// The normalized query.
+    pub v: Vector,
+    /// How many (at least 1).
+    pub k: i64,
+    /// The admitted memories.
+    pub filter: Filter,
+    /// The store's time.
+    pub now: DateTime<Utc>,
+    /// A filter admitting at most this many memories is scanned exactly.
+    pub exact_max: i64,
+    /// The caller's `hnsw.ef_search`, if any.
+    pub ef: Option<usize>,
+}
+
+/// Vector search as (rid, similarity), best first: an exact scan when the filter admits at
+/// most `exact_max` memories; otherwise a walk of the HNSW index (with a wider
+/// `hnsw.ef_search` for a large k or a given `ef`, and sequential scans off under a filter),
+/// falling back to the exact scan when the walk comes back short.
+pub(crate) async fn vector_ids(
+    c: &mut deadpool_postgres::Object,
+    s: VectorSearch,
+) -> Result<Vec<(u64, f32)>> {
+    let VectorSearch {
+        v,
+        k,
+        filter,
+        now,
+        exact_max,
+        ef,
+    } = s;
+    // How many memories the filter admits, counted up to the exact-scan bound.
+    let restricted = !filter.is_empty();
+    let admitted = if restricted {
+        let mut q = Query::new("SELECT count(*) FROM (SELECT 1 FROM memories m WHERE TRUE");
+        q.filter(&filter, now);
+        q.push(" LIMIT ");
+        q.bind(exact_max.saturating_add(1));
+        q.push(") x");
+        let n: i64 = c
+            .row_one(&q.text, &refs(&q.params))
+            .await
+            .map_err(pg)?
+            .get(0);
+        Some(n)
+    } else {
+        None
+    };
+    if admitted.is_some_and(|n| n <= exact_max) {
+        let e = exact_query(v, k, &filter, now);
+        let rows = c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?;
+        return Ok(ranked(&rows));
+    }
+    let mut walk = Query::new("SELECT m.rid, 1 - (m.embedding <=> ");
+    let at = walk.bind(v.clone());
+    walk.push(") AS score FROM memories m WHERE TRUE");
+    walk.filter(&filter, now);
+    walk.push(" ORDER BY m.embedding <=> ");
+    walk.push(&at);
+    walk.push(" LIMIT ");
+    walk.bind(k);
+    let ef = match ef {
+        Some(e) => big(e).max(k).clamp(1, MAX_EF_SEARCH),
+        None => k.saturating_mul(4).clamp(DEFAULT_EF_SEARCH, MAX_EF_SEARCH),
+    };
+    let short = |rows: &[Row]| i64::try_from(rows.len()).unwrap_or(0) < k;
+    if !restricted && ef == DEFAULT_EF_SEARCH {
+        // The connection's settings serve: one round trip.
+        let rows = c.rows(&walk.text, &refs(&walk.params)).await.map_err(pg)?;
+        if short(&rows) {
+            // Expired or ended memories the walk met were filtered out.
+            let e = exact_query(v, k, &filter, now);
+            let rows = c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?;
+            return Ok(ranked(&rows));
+        }
+        return Ok(ranked(&rows));
+    }
+    let tx = c.transaction().await.map_err(pg)?;
+    // The filter admits many rows: walk the index rather than let the planner sort every
+    // admitted row.
+    tx.rows(
+        "SELECT set_config('hnsw.ef_search', $1, true), set_config('enable_seqscan', 'off', true)",
+        &[&ef.to_string()],
+    )
+    .await
+    .map_err(pg)?;
+    let mut rows = tx.rows(&walk.text, &refs(&walk.params)).await.map_err(pg)?;
+    if short(&rows) {
+        // The walk came back short (the filter dropped what it reached).
+        let e = exact_query(v, k, &filter, now);
+        rows = tx.rows(&e.text, &refs(&e.params)).await.map_err(pg)?;
+    }
+    tx.commit().await.map_err(pg)?;
+    Ok(ranked(&rows))
+}
+
+/// Keyword search as (rid, `ts_rank` score), best first: memories holding any stemmed word
+/// of `query` (each quoted, so punctuation and operators are never tsquery syntax); with
+/// `cap`, only the words fewer than `cap` memories hold (counted up to `cap` in the GIN
+/// index).
+pub(crate) fn keyword_query(
+    query: &str,
+    cap: Option<i64>,
+    k: usize,
+    filter: &Filter,
+    now: DateTime<Utc>,
+) -> Query {
+    let mut q = Query::new(
+        "WITH q AS (SELECT (SELECT string_agg('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''', ' | ')
+            FROM unnest(tsvector_to_array(to_tsvector('english', ",
+    );
+    q.bind(query.to_owned());
+    q.push("))) AS x");
+    if let Some(cap) = cap {
+        q.push(
+            " WHERE (SELECT count(*) FROM (SELECT 1 FROM memories o
+                WHERE o.fts @@ ('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''')::tsquery
+                LIMIT ",
+        );
+        let at = q.bind(cap);
+        q.push(") n) < ");
+        q.push(&at);
+    }
+    q.push(
+        ")::tsquery AS q)
+         SELECT m.rid, ts_rank(m.fts, q.q, 1)::float8 AS score FROM memories m, q
+         WHERE q.q IS NOT NULL AND m.fts @@ q.q",
+    );
+    q.filter(filter, now);
+    q.push(" ORDER BY score DESC, m.rid LIMIT ");
+    q.bind(big(k));
+    q
+}
+
+/// The rows of ranked index ids, in the given order with their scores; ids without a row
+/// are skipped (each id once).
+pub(crate) async fn hits_of<C: GenericClient + Sync>(
+    c: &C,
+    found: Vec<(u64, f32)>,
+) -> Result<Vec<Hit>> {
+    if found.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rids: Vec<i64> = found.iter().filter_map(|(v, _)| rid(*v)).collect();
+    let rows = c
+        .rows(
+            &format!("SELECT {COLS} FROM memories m WHERE m.rid = ANY($1)"),
+            &[&rids],
+        )
+        .await
+        .map_err(pg)?;
+    let keys: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    let mut by: HashMap<i64, MemoryUnit> = keys.into_iter().zip(units(c, &rows).await?).collect();
+    Ok(found
+        .into_iter()
+        .filter_map(|(v, score)| by.remove(&rid(v)?).map(|memory| Hit { memory, score }))
+        .collect())
+}
+
+/// Memories with their rids (rows selecting [`COLS`]).
+async fn sequenced_units<C: GenericClient + Sync>(
+    c: &C,
+    q: &Query,
+) -> Result<Vec<(MemoryUnit, u64)>> {
+    let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+    let rids: Vec<u64> = rows.iter().map(|r| vid(r.get(0))).collect();
+    Ok(units(c, &rows).await?.into_iter().zip(rids).collect())
+}
+
+/// Timeline entries from a query selecting [`TIMELINE_COLS`].
+async fn timeline<C: GenericClient + Sync>(c: &C, q: &Query) -> Result<Vec<TimelineEntry>> {
+    let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+    Ok(rows.iter().map(timeline_entry).collect())
+}
+
+impl PgStore {
+    /// See [`cairn_store::MemoryBackend::get_found`].
+    pub(crate) fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        let uuids: Vec<uuid::Uuid> = ids.iter().map(MemoryId::uuid).collect();
+        let mut found: HashMap<MemoryId, MemoryUnit> = self.block(move |c| async move {
+            let rows = c
+                .rows(
+                    &format!("SELECT {COLS} FROM memories m WHERE m.id = ANY($1)"),
+                    &[&uuids],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(units(&c, &rows)
+                .await?
+                .into_iter()
+                .map(|u| (u.id, u))
+                .collect())
+        })?;
+        Ok(ids.iter().filter_map(|id| found.remove(id)).collect())
+    }
+
+    /// See [`cairn_store::MemoryBackend::scan`].
+    pub(crate) fn scan(
+        &self,
+        filter: &Filter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let mut q = Query::select();
+        q.push(" WHERE TRUE");
+        q.filter(filter, self.now());
+        q.push(" ORDER BY m.created_at, m.rid LIMIT ");
+        q.bind(big(limit));
+        q.push(" OFFSET ");
+        q.bind(big(offset));
+        self.block(move |c| async move { query_units(&c, &q).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::texts`].
+    pub(crate) fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
+        filter.validate()?;
+        let mut q = Query::new(
+            "SELECT m.content, CASE WHEN jsonb_typeof(m.metadata -> 'speaker') = 'string'
+                THEN m.metadata ->> 'speaker' END FROM memories m WHERE TRUE",
+        );
+        q.filter(filter, self.now());
+        q.push(" ORDER BY m.created_at, m.rid");
+        self.block(move |c| async move {
+            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::timeline_entries`].
+    pub(crate) fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
+        filter.validate()?;
+        let mut q = Query::new(format!("SELECT {TIMELINE_COLS} FROM memories m WHERE TRUE"));
+        q.filter(filter, self.now());
+        q.push(" ORDER BY m.created_at, m.rid");
+        self.block(move |c| async move { timeline(&c, &q).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::timeline_of`].
+    pub(crate) fn timeline_of(&self, vids: &[u64]) -> Result<Vec<TimelineEntry>> {
+        let rids: Vec<i64> = vids.iter().filter_map(|v| rid(*v)).collect();
+        if rids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut q = Query::new(format!(
+            "SELECT {TIMELINE_COLS} FROM memories m WHERE m.rid = ANY("
+        ));
+        q.bind(rids);
+        q.push(") ORDER BY m.created_at, m.rid");
+        self.block(move |c| async move { timeline(&c, &q).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::timeline_around`].
+    pub(crate) fn timeline_around(
+        &self,
+        filter: &Filter,
+        times: &[DateTime<Utc>],
+        before: usize,
+        after: usize,
+    ) -> Result<Vec<Vec<TimelineEntry>>> {
+        filter.validate()?;
+        let now = self.now();
+        let (filter, times) = (filter.clone(), times.to_vec());
+        self.block(move |c| async move {
+            let mut out = Vec::with_capacity(times.len());
+            for t in times {
+                let mut back =
+                    Query::new(format!("SELECT {TIMELINE_COLS} FROM memories m WHERE TRUE"));
+                back.filter(&filter, now);
+                back.push(" AND m.created_at < ");
+                back.bind(t);
+                back.push(" ORDER BY m.created_at DESC, m.rid DESC LIMIT ");
+                back.bind(big(before));
+                let mut ahead =
+                    Query::new(format!("SELECT {TIMELINE_COLS} FROM memories m WHERE TRUE"));
+                ahead.filter(&filter, now);
+                ahead.push(" AND m.created_at >= ");
+                ahead.bind(t);
+                ahead.push(" ORDER BY m.created_at, m.rid LIMIT ");
+                ahead.bind(big(after));
+                let mut stretch = timeline(&c, &back).await?;
+                stretch.reverse();
+                stretch.extend(timeline(&c, &ahead).await?);
+                out.push(stretch);
+            }
+            Ok(out)
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::timeline_page`].
+    pub(crate) fn timeline_page(
+        &self,
+        filter: &Filter,
+        limit: usize,
+        newest: bool,
+    ) -> Result<(Vec<TimelineEntry>, bool)> {
+        filter.validate()?;
+        let mut q = Query::new(format!("SELECT {TIMELINE_COLS} FROM memories m WHERE TRUE"));
+        q.filter(filter, self.now());
+        q.push(if newest {
+            " ORDER BY m.created_at DESC, m.rid DESC LIMIT "
+        } else {
+            " ORDER BY m.created_at, m.rid LIMIT "
+        });
+        q.bind(big(limit.saturating_add(1)));
+        let mut page = self.block(move |c| async move { timeline(&c, &q).await })?;
+        let more = page.len() > limit;
+        page.truncate(limit);
+        if newest {
+            page.reverse();
+        }
+        Ok((page, more))
+    }
+
+    /// See [`cairn_store::MemoryBackend::thread_speakers`].
+    pub(crate) fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>> {
+        let t = thread.as_str().to_owned();
+        self.block(move |c| async move {
+            let rows = c
+                .rows(
+                    "SELECT DISTINCT (metadata ->> 'speaker') COLLATE \"C\" AS s FROM memories
+                      WHERE thread_id = $1 AND jsonb_typeof(metadata -> 'speaker') = 'string'
+                        AND metadata ->> 'speaker' <> ''
+                      ORDER BY s",
+                    &[&t],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::top_summaries`].
+    pub(crate) fn top_summaries(
+        &self,
+        thread: &ThreadId,
+        per_level: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        let mut q = Query::new(format!(
+            "SELECT {COLS} FROM memories m WHERE m.rid IN (
+                SELECT x.rid FROM generate_series(1, (SELECT max(level) FROM memories
+                    WHERE thread_id = "
+        ));
+        let t = q.bind(thread.as_str().to_owned());
+        q.push(
+            " AND kind = 'summary')) AS lv,
+                LATERAL (SELECT rid FROM memories WHERE thread_id = ",
+        );
+        q.push(&t);
+        q.push(
+            " AND kind = 'summary' AND level = lv
+                    ORDER BY created_at DESC, rid DESC LIMIT ",
+        );
+        q.bind(big(per_level));
+        q.push(
+            ") x)
+             AND NOT EXISTS (SELECT 1 FROM summary_sources l WHERE l.source = m.rid)
+             ORDER BY m.created_at, m.level, m.rid",
+        );
+        self.block(move |c| async move { query_units(&c, &q).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::count_in_thread`].
+    pub(crate) fn count_in_thread(&self, thread: &ThreadId, kinds: &[MemoryKind]) -> Result<usize> {
+        let t = thread.as_str().to_owned();
+        let kinds: Vec<String> = kinds.iter().map(|k| k.as_str().to_owned()).collect();
+        self.block(move |c| async move {
+            let n: i64 = c
+                .row_one(
+                    "SELECT count(*) FROM memories WHERE thread_id = $1 AND kind = ANY($2)",
+                    &[&t, &kinds],
+                )
+                .await
+                .map_err(pg)?
+                .get(0);
+            Ok(usize::try_from(n).unwrap_or(0))
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::search_vector_ids`].
+    pub(crate) fn search_vector_ids(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32)>> {
+        filter.validate()?;
+        let v = self.prepare_vector(query)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let s = VectorSearch {
+            v,
+            k: big(k),
+            filter: filter.clone(),
+            now: self.now(),
+            exact_max: self.options.exact_scan_max.max(0),
+            ef,
+        };
+        self.block(move |mut c| async move { vector_ids(&mut c, s).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::search_vector`]: the ids, then their rows.
+    pub(crate) fn search_vector_hits(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<Hit>> {
+        filter.validate()?;
+        let v = self.prepare_vector(query)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let s = VectorSearch {
+            v,
+            k: big(k),
+            filter: filter.clone(),
+            now: self.now(),
+            exact_max: self.options.exact_scan_max.max(0),
+            ef: None,
+        };
+        self.block(move |mut c| async move {
+            let found = vector_ids(&mut c, s).await?;
+            hits_of(&c, found).await
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::search_vector_ids_exact`].
+    pub(crate) fn search_vector_ids_exact(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        filter.validate()?;
+        let v = self.prepare_vector(query)?;
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        let q = exact_query(v, big(k), filter, self.now());
+        self.block(move |c| async move {
+            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            Ok(ranked(&rows))
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::search_keyword_ids`].
+    pub(crate) fn search_keyword_ids(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        self.keyword(query, None, k, filter)
+    }
+
+    /// See [`cairn_store::MemoryBackend::search_keyword_ids_capped`].
+    pub(crate) fn search_keyword_ids_capped(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+        max_matches: usize,
+    ) -> Result<Vec<(u64, f32)>> {
+        self.keyword(query, Some(big(max_matches.saturating_add(1))), k, filter)
+    }
+
+    fn keyword(
+        &self,
+        query: &str,
+        cap: Option<i64>,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<(u64, f32)>> {
+        filter.validate()?;
+        if k == 0 || query.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = keyword_query(query, cap, k, filter, self.now());
+        self.block(move |c| async move {
+            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            Ok(ranked(&rows))
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::search_keyword`]: the ids, then their rows.
+    pub(crate) fn search_keyword_hits(
+        &self,
+        query: &str,
+        k: usize,
+        filter: &Filter,
+    ) -> Result<Vec<Hit>> {
+        filter.validate()?;
+        if k == 0 || query.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = keyword_query(query, None, k, filter, self.now());
+        self.block(move |c| async move {
+            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            hits_of(&c, ranked(&rows)).await
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::hits`].
+    pub(crate) fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.block(move |c| async move { hits_of(&c, found).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::similarities`].
+    pub(crate) fn similarities(&self, query: Vec<f32>, vids: &[u64]) -> Result<Vec<(u64, f32)>> {
+        let v = self.prepare_vector(query)?;
+        let rids: Vec<i64> = vids.iter().filter_map(|v| rid(*v)).collect();
+        if rids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let by: HashMap<u64, f32> = self.block(move |c| async move {
+            let rows = c
+                .rows(
+                    "SELECT rid, 1 - (embedding <=> $1) FROM memories WHERE rid = ANY($2)",
+                    &[&v, &rids],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(ranked(&rows).into_iter().collect())
+        })?;
+        Ok(vids
+            .iter()
+            .filter_map(|v| by.get(v).map(|s| (*v, *s)))
+            .collect())
+    }
+
+    /// See [`cairn_store::MemoryBackend::leaf_vids`].
+    pub(crate) fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>> {
+        let rids: Vec<i64> = summaries.iter().filter_map(|v| rid(*v)).collect();
+        if rids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        self.block(move |c| async move {
+            let rows = c
+                .rows(
+                    "WITH RECURSIVE down(r) AS (
+                        SELECT source FROM summary_sources WHERE summary = ANY($1)
+                        UNION SELECT l.source FROM summary_sources l JOIN down ON l.summary = down.r)
+                     SELECT m.rid FROM memories m
+                      WHERE m.rid = ANY(ARRAY(SELECT r FROM down)) AND m.level = 0",
+                    &[&rids],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(rows.iter().map(|r| vid(r.get(0))).collect())
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::child_summary_vids`].
+    pub(crate) fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
+        let Some(r) = rid(summary) else {
+            return Ok(Vec::new());
+        };
+        self.block(move |c| async move {
+            let rows = c
+                .rows(
+                    "SELECT l.source FROM summary_sources l JOIN memories m ON m.rid = l.source
+                      WHERE l.summary = $1 AND NOT l.continues AND m.kind = 'summary'
+                      ORDER BY l.position",
+                    &[&r],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(rows.iter().map(|r| vid(r.get(0))).collect())
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::stale_summaries`].
+    pub(crate) fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let mut q = Query::select();
+        q.push(" WHERE m.kind = 'summary' AND m.stale");
+        q.filter(filter, self.now());
+        q.push(" ORDER BY m.level, m.created_at, m.rid LIMIT ");
+        q.bind(big(limit));
+        self.block(move |c| async move { query_units(&c, &q).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::scan_uncovered_page`].
+    pub(crate) fn scan_uncovered_page(
+        &self,
+        filter: &Filter,
+        parent_level: u32,
+        limit: usize,
+    ) -> Result<Vec<MemoryUnit>> {
+        filter.validate()?;
+        let mut q = Query::select();
+        q.push(" WHERE TRUE");
+        q.filter(filter, self.now());
+        q.push(
+            " AND NOT EXISTS (SELECT 1 FROM summary_sources l JOIN memories p ON p.rid = l.summary
+                WHERE l.source = m.rid AND p.level = ",
+        );
+        q.bind(i32::try_from(parent_level).unwrap_or(i32::MAX));
+        q.push(") ORDER BY m.created_at, m.rid LIMIT ");
+        q.bind(big(limit));
+        self.block(move |c| async move { query_units(&c, &q).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::late_arrivals`].
+    pub(crate) fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
+        filter.validate()?;
+        let mut q = Query::new(
+            "SELECT m.id, s.id FROM memories m CROSS JOIN LATERAL (
+                SELECT s.id FROM memories s
+                 WHERE s.thread_id = m.thread_id AND s.kind = 'summary' AND s.level = 1
+                   AND s.summary_type = 'conversation'
+                   AND s.time_start <= m.created_at AND s.time_end >= m.created_at
+                   AND s.rid < m.rid
+                   AND NOT EXISTS (SELECT 1 FROM summary_sources x
+                       WHERE (x.summary = s.rid OR x.source = s.rid) AND x.continues)
+                 ORDER BY s.time_start, s.rid LIMIT 1) s
+             WHERE m.thread_id IS NOT NULL AND m.level = 0",
+        );
+        q.filter(filter, self.now());
+        q.push(
+            " AND NOT EXISTS (SELECT 1 FROM summary_sources l JOIN memories p ON p.rid = l.summary
+                WHERE l.source = m.rid AND p.level = 1)
+             ORDER BY m.created_at, m.rid",
+        );
+        self.block(move |c| async move {
+            let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
+            Ok(rows
+                .iter()
+                .map(|r| (MemoryId::from_uuid(r.get(0)), MemoryId::from_uuid(r.get(1))))
+                .collect())
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::thread_tail`].
+    pub(crate) fn thread_tail(
+        &self,
+        thread: &ThreadId,
+        kind: MemoryKind,
+        after: u64,
+    ) -> Result<Vec<(MemoryUnit, u64)>> {
+        let mut q = Query::select();
+        q.push(" WHERE m.thread_id = ");
+        q.bind(thread.as_str().to_owned());
+        q.push(" AND m.rid > ");
+        q.bind(i64::try_from(after).unwrap_or(i64::MAX));
+        q.push(" AND m.kind = ");
+        q.bind(kind.as_str().to_owned());
+        q.push(" ORDER BY m.rid");
+        self.block(move |c| async move { sequenced_units(&c, &q).await })
+    }
+
+    /// See [`cairn_store::MemoryBackend::sequenced`].
+    pub(crate) fn sequenced(&self, ids: &[MemoryId]) -> Result<Vec<(MemoryUnit, u64)>> {
+        let mut q = Query::select();
+        q.push(" WHERE m.id = ANY(");
+        q.bind(ids.iter().map(MemoryId::uuid).collect::<Vec<uuid::Uuid>>());
+        q.push(")");
+        let found: HashMap<MemoryId, (MemoryUnit, u64)> = self.block(move |c| async move {
+            Ok(sequenced_units(&c, &q)
+                .await?
+                .into_iter()
+                .map(|(u, n)| (u.id, (u, n)))
+                .collect())
+        })?;
+        ids.iter()
+            .map(|id| {
+                found
+                    .get(id)
+                    .cloned()
+                    .ok_or(StoreError::NotFound { id: *id })
+            })
+            .collect()
+    }
+
+    /// See [`cairn_store::MemoryBackend::last_sequence`]: the rid sequence's last value
+    /// (rids a failed or rolled-back insert took count), or the highest rid.
+    pub(crate) fn last_sequence(&self) -> Result<u64> {
+        self.block(|c| async move {
+            let n: i64 = c
+                .row_one(
+                    "SELECT GREATEST(
+                        COALESCE(pg_sequence_last_value(
+                            pg_get_serial_sequence('memories', 'rid')::regclass), 0),
+                        COALESCE((SELECT max(rid) FROM memories), 0))",
+                    &[],
+                )
+                .await
+                .map_err(pg)?
+                .get(0);
+            Ok(vid(n))
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::embedding`].
+    pub(crate) fn embedding(&self, id: MemoryId) -> Result<Vec<f32>> {
+        self.block(move |c| async move {
+            let v: Vector = c
+                .row_opt(
+                    "SELECT embedding FROM memories WHERE id = $1",
+                    &[&id.uuid()],
+                )
+                .await
+                .map_err(pg)?
+                .ok_or(StoreError::NotFound { id })?
+                .get(0);
+            Ok(v.to_vec())
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::stats`]: counts per kind and level, stale
+    /// summaries and links (the SQLite index's fields keep their defaults).
+    pub(crate) fn stats(&self) -> Result<StoreStats> {
+        self.block(|c| async move {
+            let mut s = StoreStats::default();
+            let rows = c
+                .rows(
+                    "SELECT kind, level, count(*), count(*) FILTER (WHERE stale)
+                       FROM memories GROUP BY kind, level",
+                    &[],
+                )
+                .await
+                .map_err(pg)?;
+            for r in rows {
+                let kind: String = r.get(0);
+                let level = u32::try_from(r.get::<_, i32>(1)).unwrap_or(0);
+                let n = usize::try_from(r.get::<_, i64>(2)).unwrap_or(0);
+                s.total += n;
+                *s.by_kind.entry(kind).or_default() += n;
+                *s.by_level.entry(level).or_default() += n;
+                s.stale_summaries += usize::try_from(r.get::<_, i64>(3)).unwrap_or(0);
+            }
+            let links: i64 = c
+                .row_one("SELECT count(*) FROM summary_sources", &[])
+                .await
+                .map_err(pg)?
+                .get(0);
+            s.links = usize::try_from(links).unwrap_or(0);
+            Ok(s)
+        })
+    }
+}
