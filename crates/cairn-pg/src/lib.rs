@@ -27,6 +27,7 @@
 
 mod reads;
 mod sql;
+mod writes;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -747,6 +748,77 @@ impl MemoryBackend for PgStore {
     }
 
     // -- writes the harness uses (src/writes.rs) --
+
+    fn update(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        self.rewrite(id, content, metadata, embedding, false)
+    }
+
+    fn refresh_summary(
+        &self,
+        id: MemoryId,
+        content: String,
+        metadata: Option<Metadata>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        self.rewrite(id, content, metadata, embedding, true)
+    }
+
+    fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit> {
+        self.replace_metadata(id, metadata)
+    }
+
+    fn extend_summary(&self, summary: MemoryId, sources: Vec<MemoryId>) -> Result<MemoryUnit> {
+        self.extend(summary, sources)
+    }
+
+    fn place_source(&self, summary: MemoryId, source: MemoryId) -> Result<MemoryUnit> {
+        self.place(summary, source)
+    }
+
+    fn add_continuation(
+        &self,
+        summary: NewSummary,
+        previous: Option<MemoryId>,
+        state: Option<ThreadState>,
+        embedding: Vec<f32>,
+    ) -> Result<MemoryUnit> {
+        self.continuation(summary, previous, state, embedding)
+    }
+
+    fn clear_thread_state(&self, thread: &ThreadId) -> Result<()> {
+        self.clear_state(thread)
+    }
+
+    fn backup_rows(
+        &self,
+        with_embeddings: bool,
+        on_start: &mut dyn FnMut(usize) -> Result<()>,
+        on_row: &mut dyn FnMut(MemoryUnit, Option<Vec<f32>>) -> Result<()>,
+    ) -> Result<usize> {
+        self.backup(with_embeddings, on_start, on_row)
+    }
+
+    fn restore(&self, items: Vec<(MemoryUnit, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
+        self.restore_rows(items)
+    }
+
+    /// `REINDEX INDEX` of the HNSW index (pgvector keeps it current on every write; this
+    /// rebuilds it compact, as the SQLite store's rebuild drops its tombstones).
+    fn reindex(&self) -> Result<()> {
+        self.rebuild_index()
+    }
+
+    /// Closes the connection pool: later calls on this store fail.
+    fn close(&self) -> Result<()> {
+        self.pool.close();
+        Ok(())
+    }
 
     fn insert_batch(&self, items: Vec<(NewMemory, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
         let now = self.now();

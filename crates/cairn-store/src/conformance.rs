@@ -63,6 +63,13 @@ macro_rules! conformance_suite {
             index_id_searches_agree, timelines_with_ties, thread_reads, hierarchy_by_index_id,
             consolidation_scans, sequence_numbers_grow,
             // Writes the harness uses (conformance/writes.rs).
+            update_marks_every_summary_above_stale,
+            refresh_summary_recomputes_and_clears_stale,
+            set_metadata_replaces_whole,
+            extend_summary_propagates_and_refuses_cycles,
+            place_source_orders_by_time,
+            continuations_chain_and_write_state,
+            backup_and_restore_round_trip,
         );
     };
     (@each $open:expr; $($name:ident,)*) => {
