@@ -27,9 +27,9 @@
 
 mod reads;
 mod sql;
-mod writes;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod writes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
