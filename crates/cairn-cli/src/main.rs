@@ -30,7 +30,8 @@ use clap::{Parser, Subcommand, ValueEnum};
     about = "A hierarchical, vector-backed memory store for LLM agents"
 )]
 struct Cli {
-    /// The store (SQLite file; created if missing).
+    /// The store: a SQLite file (created if missing), or a PostgreSQL URL
+    /// (`postgres://user@host:port/db`, optionally `?schema=NAME`; default schema `cairn`).
     #[arg(long, global = true, default_value = "cairn.db", env = "CAIRN_DB")]
     db: PathBuf,
     /// The namespace (tenant) to work in: `default` is the --db file itself, any other
@@ -469,7 +470,7 @@ fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 async fn open(db: &Path) -> Result<MemoryHarness> {
     MemoryHarness::open(db)
         .await
-        .with_context(|| format!("opening the store {}", db.display()))
+        .with_context(|| format!("opening the store {}", cairn_harness::display_location(db)))
 }
 
 fn draw(t: &SummaryTree, depth: usize, out: &mut String) {
@@ -528,7 +529,8 @@ async fn run(mut cli: Cli) -> Result<()> {
     let base = cli.db.clone();
     if !ns.is_default() {
         let path = cairn_server::namespace_path(&base, &ns);
-        if let Some(dir) = path.parent() {
+        let file = !path.to_str().is_some_and(cairn_harness::is_postgres_url);
+        if let Some(dir) = path.parent().filter(|_| file) {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         cli.db = path;

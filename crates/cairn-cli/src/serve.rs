@@ -32,7 +32,10 @@ pub async fn run(a: Args) -> Result<()> {
         ..Limits::default()
     };
     options.allow_consolidate = a.allow_consolidate;
-    eprintln!("cairn: opening {} and loading the model", a.db.display());
+    eprintln!(
+        "cairn: opening {} and loading the model",
+        cairn_harness::display_location(&a.db)
+    );
     let server = Server::open(options).await?;
     let shutdown = cairn_server::shutdown_signal();
     let consolidation = a.consolidate_every.map(|every| {

@@ -31,6 +31,10 @@ pub struct SummaryInfo {
     pub level: u32,
     /// True when a source changed or was detached after the summary was written.
     pub stale: bool,
+    /// For a version of a moving summary: the version it continues, its first source,
+    /// linked without raising the level (see `Store::add_continuation`). `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues: Option<MemoryId>,
 }
 
 /// How long a memory holds: an expiry (TTL) and, for facts, the time they held true. Reads

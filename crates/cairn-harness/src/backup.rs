@@ -170,19 +170,34 @@ impl MemoryHarness {
             let out = std::cell::RefCell::new(std::io::BufWriter::new(out));
             let header = |memories: usize| BackupHeader {
                 cairn_backup: BACKUP_VERSION,
-                model_id: inner.store.options().model_id.clone(),
-                dim: inner.store.options().dim,
+                model_id: inner.store.model_id(),
+                dim: inner.store.dimension(),
                 embeddings: with_embeddings,
                 memories,
                 exported_at: inner.clock.now(),
             };
-            let n = inner.store.backup_rows(
+            // The backend's callbacks speak its error type: a failed write is kept here and
+            // stops the read with a placeholder, then comes back as itself.
+            let failed: std::cell::RefCell<Option<BackupError>> = std::cell::RefCell::new(None);
+            let keep = |e: BackupError| {
+                *failed.borrow_mut() = Some(e);
+                cairn_store::StoreError::Backend {
+                    backend: "backup",
+                    message: "writing the backup failed".into(),
+                }
+            };
+            let read = inner.store.backup_rows(
                 with_embeddings,
-                |total| write_line(&mut *out.borrow_mut(), &header(total)),
-                |memory, embedding| {
+                &mut |total| write_line(&mut *out.borrow_mut(), &header(total)).map_err(keep),
+                &mut |memory, embedding| {
                     write_line(&mut *out.borrow_mut(), &BackupRecord { memory, embedding })
+                        .map_err(keep)
                 },
-            )?;
+            );
+            if let Some(e) = failed.into_inner() {
+                return Err(e);
+            }
+            let n = read?;
             let mut out = out.into_inner();
             out.flush().map_err(io)?;
             Ok(n)
@@ -198,8 +213,8 @@ impl MemoryHarness {
         let inner = self.inner.clone();
         blocking(move || {
             let store = &inner.store;
-            let model = store.options().model_id.clone();
-            let dim = store.options().dim;
+            let model = store.model_id();
+            let dim = store.dimension();
             // Pass 1: check everything, note the ids to skip.
             let mut lines = open_lines(&path)?;
             let header = read_header(&mut lines)?;

@@ -13,7 +13,8 @@ use cairn_core::{
 };
 use cairn_embed::{CacheStats, CachedEmbedder, FastEmbedder};
 use cairn_store::{
-    DeletePolicy, DeleteReport, Filter, HnswParams, NewSummary, Store, StoreOptions, StoreStats,
+    DeletePolicy, DeleteReport, Filter, HnswParams, MemoryBackend, NewSummary, Store, StoreOptions,
+    StoreStats,
 };
 
 use crate::{HarnessError, Result};
@@ -207,13 +208,18 @@ pub struct HarnessStats {
 }
 
 pub(crate) struct Inner {
-    pub store: Store,
+    /// The backend every call goes through.
+    pub store: Arc<dyn MemoryBackend>,
+    /// The same store when it is the embedded SQLite one (its index checks and tools).
+    pub sqlite: Option<Store>,
     pub embedder: Arc<dyn Embedder>,
     pub cache: Option<Arc<CachedEmbedder>>,
     pub summarizer: Arc<dyn Summarizer>,
     pub token_counter: Arc<dyn TokenCounter>,
     pub clock: Arc<dyn Clock>,
     pub delete_policy: DeletePolicy,
+    /// Where the store is: its SQLite path, or the PostgreSQL URL without its password.
+    pub location: String,
 }
 
 /// The memory store for agents: every memory in SQLite with its embedding, an HNSW index,
@@ -229,7 +235,8 @@ pub struct MemoryHarness {
 impl std::fmt::Debug for MemoryHarness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryHarness")
-            .field("store", &self.inner.store)
+            .field("backend", &self.inner.store.backend_name())
+            .field("location", &self.inner.location)
             .field("model", &self.inner.embedder.model_id())
             .field("summarizer", &self.inner.summarizer.name())
             .finish_non_exhaustive()
@@ -328,15 +335,42 @@ impl HarnessBuilder {
             Some(e) => e,
             None => Arc::new(blocking(FastEmbedder::new).await??),
         };
-        let mut options = StoreOptions::new(base.model_id(), base.dim())
-            .hnsw(hnsw)
-            .clock(clock.clone());
-        if let Some(f) = configure {
-            f(&mut options);
-        }
-        let store_path = path.clone();
-        let store = blocking(move || Store::open(store_path, options)).await??;
-        let (embedder, cache) = if cache {
+        let (store, sqlite, location): (Arc<dyn MemoryBackend>, Option<Store>, String) =
+            match postgres_url(&path) {
+                #[cfg(feature = "postgres")]
+                Some(url) => {
+                    let (url, schema) = split_schema(url);
+                    let location = display_location(Path::new(&url));
+                    let mut options = cairn_pg::PgOptions::new(url, base.model_id(), base.dim())
+                        .clock(clock.clone());
+                    if let Some(schema) = schema {
+                        options = options.schema(schema);
+                    }
+                    let store = blocking(move || cairn_pg::PgStore::open(options)).await??;
+                    (Arc::new(store), None, location)
+                }
+                #[cfg(not(feature = "postgres"))]
+                Some(_) => {
+                    return Err(HarnessError::Store(cairn_store::StoreError::Unsupported {
+                        backend: "this build",
+                        what: "postgres:// locations (enable the `postgres` feature)",
+                    }))
+                }
+                None => {
+                    let mut options = StoreOptions::new(base.model_id(), base.dim())
+                        .hnsw(hnsw)
+                        .clock(clock.clone());
+                    if let Some(f) = configure {
+                        f(&mut options);
+                    }
+                    let store_path = path.clone();
+                    let store = blocking(move || Store::open(store_path, options)).await??;
+                    let location = path.display().to_string();
+                    (Arc::new(store.clone()), Some(store), location)
+                }
+            };
+        // The embedding cache lives in the SQLite file; a PostgreSQL store runs without it.
+        let (embedder, cache) = if cache && sqlite.is_some() {
             let inner = base.clone();
             let c = Arc::new(
                 blocking(move || CachedEmbedder::open_with_capacity(inner, path, cache_capacity))
@@ -355,15 +389,90 @@ impl HarnessBuilder {
         Ok(MemoryHarness {
             inner: Arc::new(Inner {
                 store,
+                sqlite,
                 embedder,
                 cache,
                 summarizer,
                 token_counter,
                 clock,
                 delete_policy,
+                location,
             }),
         })
     }
+}
+
+/// The PostgreSQL URL `path` holds, if it is one (`postgres://` or `postgresql://`).
+fn postgres_url(path: &Path) -> Option<String> {
+    let s = path.to_str()?;
+    is_postgres_url(s).then(|| s.to_owned())
+}
+
+/// Whether a store location is a PostgreSQL URL (`postgres://` or `postgresql://`) rather
+/// than a SQLite file path. Such a URL may carry Cairn's own `schema=NAME` parameter: the
+/// schema holding the store (default `cairn`).
+pub fn is_postgres_url(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+/// `url` with its `schema=` parameter set to `schema` (replacing any), for opening another
+/// store in the same database.
+pub fn with_schema(url: &str, schema: &str) -> String {
+    let (base, _) = split_schema(url.to_owned());
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}schema={schema}")
+}
+
+/// The schema named in a PostgreSQL URL's `schema=` parameter, if any.
+pub fn schema_of(url: &str) -> Option<String> {
+    split_schema(url.to_owned()).1
+}
+
+/// Takes Cairn's own `schema=NAME` parameter out of a PostgreSQL URL (the driver refuses
+/// parameters it does not know): the URL without it, and the schema when given.
+fn split_schema(url: String) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url, None);
+    };
+    let mut schema = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|kv| match kv.strip_prefix("schema=") {
+            Some(v) => {
+                schema = Some(v.to_owned());
+                false
+            }
+            None => !kv.is_empty(),
+        })
+        .collect();
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, schema)
+}
+
+/// A store location for messages and logs: a SQLite path as it is, a PostgreSQL URL
+/// without its password.
+pub fn display_location(location: &Path) -> String {
+    match location.to_str() {
+        Some(s) if is_postgres_url(s) => redact(s),
+        _ => location.display().to_string(),
+    }
+}
+
+/// A PostgreSQL URL without its password, for messages and logs.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some((auth, host)) => (auth, host),
+        None => return url.to_owned(),
+    };
+    let user = auth.split_once(':').map_or(auth, |(u, _)| u);
+    format!("{scheme}://{user}@{host}")
 }
 
 /// Runs blocking work on tokio's blocking pool.
@@ -402,9 +511,20 @@ impl MemoryHarness {
         }
     }
 
-    /// The underlying store (synchronous; call it off the runtime).
-    pub fn store(&self) -> &Store {
-        &self.inner.store
+    /// The underlying store backend (synchronous; call it off the runtime).
+    pub fn store(&self) -> &dyn MemoryBackend {
+        self.inner.store.as_ref()
+    }
+
+    /// The embedded SQLite store, when that is the backend (its index checks, snapshots and
+    /// tools); `None` on PostgreSQL.
+    pub fn sqlite(&self) -> Option<&Store> {
+        self.inner.sqlite.as_ref()
+    }
+
+    /// Where the store is: its SQLite path, or its PostgreSQL URL without the password.
+    pub fn location(&self) -> &str {
+        &self.inner.location
     }
 
     /// The embedder in use.
@@ -723,7 +843,7 @@ impl MemoryHarness {
         let inner = self.inner.clone();
         blocking(move || -> Result<SummaryTree> {
             let root = inner.store.get(id)?;
-            build_tree(&inner.store, root, depth)
+            build_tree(inner.store.as_ref(), root, depth)
         })
         .await?
     }
@@ -787,7 +907,7 @@ impl MemoryHarness {
     }
 }
 
-fn build_tree(store: &Store, root: MemoryUnit, depth: usize) -> Result<SummaryTree> {
+fn build_tree(store: &dyn MemoryBackend, root: MemoryUnit, depth: usize) -> Result<SummaryTree> {
     let has_sources = root.summary.as_ref().is_some_and(|s| s.source_count > 0);
     let children = if has_sources && depth > 0 {
         store
@@ -829,7 +949,7 @@ pub(crate) fn search_blocking(
     let mut hits = match options.mode {
         SearchMode::Vector => {
             let q = inner.embedder.embed_one(query)?;
-            inner.store.search_vector(q, k, &options.filter, None)?
+            inner.store.search_vector(q, k, &options.filter)?
         }
         SearchMode::Keyword => inner.store.search_keyword(query, k, &options.filter)?,
         SearchMode::Hybrid => {

@@ -54,8 +54,9 @@ pub use error::{HarnessError, Result};
 pub use extractive::{sentences, summary_keywords, ExtractiveSummarizer};
 pub use forget::{Forget, ForgetReport, UpsertOutcome, Upserted};
 pub use harness::{
-    fuse, fuse_ids, fuse_weighted, infer_summary_type, HarnessBuilder, HarnessStats, MemoryHarness,
-    SearchHit, SearchMode, SearchOptions, SummaryTree, MAX_TREE_DEPTH, RRF_K,
+    display_location, fuse, fuse_ids, fuse_weighted, infer_summary_type, is_postgres_url,
+    schema_of, with_schema, HarnessBuilder, HarnessStats, MemoryHarness, SearchHit, SearchMode,
+    SearchOptions, SummaryTree, MAX_TREE_DEPTH, RRF_K,
 };
 pub use openai::{
     render_transcript, OpenAiBuilder, OpenAiSummarizer, PromptTemplate, RollupTemplate, DATE_RANGE,

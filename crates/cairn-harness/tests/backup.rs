@@ -142,7 +142,7 @@ async fn assert_same(a: &MemoryHarness, b: &MemoryHarness) {
             );
         }
     }
-    assert!(b.store().check_index().unwrap().is_consistent());
+    assert!(b.sqlite().unwrap().check_index().unwrap().is_consistent());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,4 +281,52 @@ async fn bad_backups_are_refused_before_anything_is_written() {
     let r = d.import_backup(&file).await.unwrap();
     assert_eq!((r.added, r.skipped), (lines.len() - 2, 1));
     assert_same(&a, &d).await;
+}
+
+/// A moving summary (each version continues the one before: a link that does not raise the
+/// level) goes through a backup and comes back with the same levels, chain and leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_summaries_survive_a_backup() {
+    use cairn_harness::{SummaryBufferMemory, SummaryBufferOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let mem = common::harness(&dir.path().join("a.db"), None).await;
+    let buf = SummaryBufferMemory::open(
+        mem.clone(),
+        "chat",
+        SummaryBufferOptions {
+            max_token_limit: 60,
+            ..SummaryBufferOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    for i in 0..10 {
+        buf.save_context(
+            &format!("question {i} about the garden"),
+            &format!("answer {i}: water the roses"),
+        )
+        .await
+        .unwrap();
+    }
+    let (moving, _) = buf.moving_summary().await.unwrap();
+    let chain = mem.get(moving).await.unwrap();
+    assert!(chain.summary.as_ref().unwrap().source_ids.len() > 1);
+    let file = dir.path().join("b.jsonl");
+    let n = mem
+        .export_backup(std::fs::File::create(&file).unwrap(), true)
+        .await
+        .unwrap();
+    let copy = common::harness(&dir.path().join("c.db"), None).await;
+    assert_eq!(copy.import_backup(&file).await.unwrap().added, n);
+    let back = copy.get(moving).await.unwrap();
+    assert_eq!(back.level, chain.level);
+    assert_eq!(back.summary, chain.summary);
+    assert_eq!(
+        copy.expand_to_leaves(moving).await.unwrap(),
+        mem.expand_to_leaves(moving).await.unwrap()
+    );
+    assert_eq!(
+        copy.summary_tree(moving).await.unwrap(),
+        mem.summary_tree(moving).await.unwrap()
+    );
 }

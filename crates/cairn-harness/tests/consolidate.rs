@@ -660,7 +660,7 @@ async fn paged_consolidation_builds_the_same_tree() {
             })
             .collect();
         mem.add_many(logs).await.unwrap();
-        mem.store().clone().close().unwrap();
+        mem.store().close().unwrap();
     }
     let mut trees = Vec::new();
     for page in [5_000, 40, 47] {

@@ -98,7 +98,7 @@ async fn check_integrity(mem: &MemoryHarness) {
             .iter()
             .any(|a| a.id == s.id));
     }
-    let check = mem.store().check_index().unwrap();
+    let check = mem.sqlite().unwrap().check_index().unwrap();
     assert!(check.is_consistent(), "index matches the rows: {check:?}");
 }
 
@@ -200,7 +200,7 @@ async fn sigkill_during_mixed_work_loses_nothing() {
     {
         let mem = harness(&base, None).await;
         mem.add_many(old_turns("old", 107)).await.unwrap();
-        mem.store().clone().close().unwrap();
+        mem.store().close().unwrap();
     }
     let reference = {
         let path = dir.path().join("reference.db");
@@ -469,7 +469,7 @@ fn worker_child() {
                     println!("summaries {}", ids.join(","));
                 }
                 (Some("check"), _) => {
-                    let ok = mem.store().check_index().unwrap().is_consistent();
+                    let ok = mem.sqlite().unwrap().check_index().unwrap().is_consistent();
                     println!("{}", if ok { "consistent" } else { "inconsistent" });
                 }
                 _ => println!("unknown command {cmd}"),
@@ -587,7 +587,7 @@ async fn two_processes_see_each_others_writes() {
     {
         let mem = harness(&path, None).await;
         mem.add_many(old_turns("old", 107)).await.unwrap();
-        mem.store().clone().close().unwrap();
+        mem.store().close().unwrap();
     }
     // The agent's process is open (its index loaded) before the cron's process writes.
     let mut agent = Worker::start(&path, None, 0);
@@ -727,7 +727,7 @@ async fn disk_full_fails_cleanly_and_recovers() {
         .add_knowledge("written after space was freed")
         .await
         .unwrap();
-    mem.store().clone().close().unwrap();
+    mem.store().close().unwrap();
     drop(mem);
     let mem = harness(&path, None).await;
     for id in ids.iter().chain([&more]) {
@@ -735,7 +735,7 @@ async fn disk_full_fails_cleanly_and_recovers() {
     }
     assert_eq!(mem.stats().await.unwrap().store.total, ids.len() + 1);
     check_integrity(&mem).await;
-    mem.store().clone().close().unwrap();
+    mem.store().close().unwrap();
 }
 
 /// Mounts a small tmpfs at `mount` (root only); false when it cannot.
@@ -770,7 +770,7 @@ async fn disk_full_snapshots_never_fail_a_committed_write() {
             .map(|i| NewMemory::new(MemoryKind::Knowledge, format!("base memory {i}")))
             .collect();
         mem.add_many(many).await.unwrap();
-        mem.store().clone().close().unwrap();
+        mem.store().close().unwrap();
     }
     let e = embedder();
     let mem = MemoryHarness::builder(&path)
@@ -843,7 +843,7 @@ async fn disk_full_snapshots_never_fail_a_committed_write() {
         .unwrap();
     let stats = mem.stats().await.unwrap().store;
     assert_eq!(stats.last_snapshot_error, None, "the snapshot was retried");
-    mem.store().clone().close().unwrap();
+    mem.store().close().unwrap();
     drop(mem);
     let mem = harness(&path, None).await;
     for id in &acked {
@@ -854,7 +854,7 @@ async fn disk_full_snapshots_never_fail_a_committed_write() {
         base + acked.len() + 1
     );
     check_integrity(&mem).await;
-    mem.store().clone().close().unwrap();
+    mem.store().close().unwrap();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1239,7 +1239,7 @@ fn bad_vectors_are_refused() {
         .run(&bad, |v| {
             let r = store.insert(NewMemory::new(MemoryKind::Knowledge, "x"), v.clone());
             prop_assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
-            let q = store.search_vector(v, 3, &Filter::all(), None);
+            let q = store.search_vector(v, 3, &Filter::all());
             prop_assert!(matches!(q, Err(StoreError::Input(_))), "{q:?}");
             Ok(())
         })

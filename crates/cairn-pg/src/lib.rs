@@ -25,6 +25,7 @@
 //! # Ok::<(), cairn_store::StoreError>(())
 //! ```
 
+mod extra;
 mod reads;
 mod sql;
 #[cfg(feature = "testing")]
@@ -363,22 +364,25 @@ async fn units<C: GenericClient + Sync>(c: &C, rows: &[Row]) -> Result<Vec<Memor
         let rids: Vec<i64> = summaries.iter().map(|(_, r)| *r).collect();
         let links = c
             .rows(
-                "SELECT l.summary, s.id FROM summary_sources l JOIN memories s ON s.rid = l.source
+                "SELECT l.summary, s.id, l.continues FROM summary_sources l
+                   JOIN memories s ON s.rid = l.source
                  WHERE l.summary = ANY($1) ORDER BY l.summary, l.position",
                 &[&rids],
             )
             .await
             .map_err(pg)?;
-        let mut by: HashMap<i64, Vec<MemoryId>> = HashMap::new();
+        let mut by: HashMap<i64, Vec<(MemoryId, bool)>> = HashMap::new();
         for l in links {
             let id: uuid::Uuid = l.get(1);
             by.entry(l.get(0))
                 .or_default()
-                .push(MemoryId::from_uuid(id));
+                .push((MemoryId::from_uuid(id), l.get(2)));
         }
         for (i, rid) in summaries {
             if let Some(info) = out[i].summary.as_mut() {
-                info.source_ids = by.remove(&rid).unwrap_or_default();
+                let links = by.remove(&rid).unwrap_or_default();
+                info.continues = links.iter().find(|(_, c)| *c).map(|(id, _)| *id);
+                info.source_ids = links.into_iter().map(|(id, _)| id).collect();
             }
         }
     }
@@ -953,6 +957,7 @@ impl MemoryBackend for PgStore {
                         source_count: links.len(),
                         level,
                         stale: false,
+                        continues: None,
                     }),
                     lifetime: cairn_core::Lifetime::default(),
                 };
@@ -1076,8 +1081,31 @@ impl MemoryBackend for PgStore {
     }
 
     fn delete_many(&self, ids: &[MemoryId], policy: DeletePolicy) -> Result<DeleteReport> {
+        Ok(self.delete_many_with_texts(ids, policy)?.0)
+    }
+
+    fn delete_many_with_texts(
+        &self,
+        ids: &[MemoryId],
+        policy: DeletePolicy,
+    ) -> Result<(DeleteReport, Vec<String>)> {
         let ids = ids.to_vec();
         self.block(move |mut c| async move { delete_many(&mut c, &ids, policy).await })
+    }
+
+    fn times_of(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>)>> {
+        let rids = extra::rids(vids);
+        self.block(move |c| async move { extra::times_of(&c, &rids).await })
+    }
+
+    fn summary_spans(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>, DateTime<Utc>)>> {
+        let rids = extra::rids(vids);
+        self.block(move |c| async move { extra::summary_spans(&c, &rids).await })
+    }
+
+    fn consolidated_until(&self, thread: &ThreadId) -> Result<Option<DateTime<Utc>>> {
+        let t = thread.as_str().to_owned();
+        self.block(move |c| async move { extra::consolidated_until(&c, &t).await })
     }
 
     fn threads(&self) -> Result<Vec<ThreadId>> {
@@ -1322,7 +1350,7 @@ async fn delete_many(
     c: &mut deadpool_postgres::Object,
     ids: &[MemoryId],
     policy: DeletePolicy,
-) -> Result<DeleteReport> {
+) -> Result<(DeleteReport, Vec<String>)> {
     let tx = c.transaction().await.map_err(pg)?;
     let mut report = DeleteReport::default();
     let mut doomed: Vec<i64> = Vec::with_capacity(ids.len());
@@ -1462,15 +1490,20 @@ async fn delete_many(
         .await
         .map_err(pg)?;
     }
+    let mut texts = Vec::with_capacity(doomed.len());
     for r in &doomed {
         let row = tx
-            .row_one("DELETE FROM memories WHERE rid = $1 RETURNING id", &[r])
+            .row_one(
+                "DELETE FROM memories WHERE rid = $1 RETURNING id, content",
+                &[r],
+            )
             .await
             .map_err(pg)?;
         report
             .deleted
             .push(MemoryId::from_uuid(row.get::<_, uuid::Uuid>(0)));
+        texts.push(row.get(1));
     }
     tx.commit().await.map_err(pg)?;
-    Ok(report)
+    Ok((report, texts))
 }

@@ -198,6 +198,7 @@ pub fn decode(r: &Row) -> Result<(i64, MemoryUnit)> {
                     .unwrap_or(0),
                 level,
                 stale: r.get(13),
+                continues: None,
             })
         }
     };

@@ -13,11 +13,12 @@ use pgvector::Vector;
 use tokio_postgres::IsolationLevel;
 
 use cairn_core::{
-    check_metadata, normalized, validate_vector, InputError, Lifetime, MemoryId, MemoryKind,
-    MemoryUnit, Metadata, NewMemory, SummaryInfo, ThreadId,
+    check_metadata, normalized, validate_vector, Lifetime, MemoryId, MemoryKind, MemoryUnit,
+    Metadata, NewMemory, SummaryInfo, ThreadId,
 };
 use cairn_store::backend::{
-    check_link_thread, check_summary, summary_level, to_stored_time, SourceLink,
+    check_link_thread, check_restored, check_restored_level, check_summary, summary_level,
+    to_stored_time, SourceLink,
 };
 use cairn_store::{NewSummary, Result, StoreError, ThreadState};
 
@@ -152,16 +153,6 @@ async fn put_state<C: GenericClient + Sync>(c: &C, s: &ThreadState) -> Result<()
 
 fn i32_of(n: impl TryInto<i32>) -> i32 {
     n.try_into().unwrap_or(i32::MAX)
-}
-
-/// A restored memory's level or summary facts out of range.
-fn bad(name: &'static str, value: String, expected: &'static str) -> StoreError {
-    InputError::OutOfRange {
-        name,
-        value,
-        expected,
-    }
-    .into()
 }
 
 impl PgStore {
@@ -446,6 +437,7 @@ impl PgStore {
                     source_count: links.len(),
                     level,
                     stale: false,
+                    continues: previous,
                 }),
                 lifetime: Lifetime::default(),
             };
@@ -571,41 +563,9 @@ impl PgStore {
         let mut prepared = Vec::with_capacity(items.len());
         let mut seen = HashSet::new();
         for (u, v) in items {
-            NewMemory::new(MemoryKind::Knowledge, u.content.clone())
-                .with_metadata(u.metadata.clone())
-                .validate()?;
+            check_restored(&u)?;
             if !seen.insert(u.id) {
                 return Err(StoreError::DuplicateId { id: u.id });
-            }
-            match (&u.summary, u.kind) {
-                (None, MemoryKind::Summary) => {
-                    return Err(bad("summary facts", "none".into(), "present for a summary"))
-                }
-                (Some(_), k) if k != MemoryKind::Summary => {
-                    return Err(bad("summary facts", k.as_str().into(), "only on summaries"))
-                }
-                (None, _) if u.level != 0 => {
-                    return Err(bad("level", u.level.to_string(), "0 for a raw memory"))
-                }
-                (Some(s), _) => {
-                    if u.level == 0 || s.level != u.level {
-                        return Err(bad(
-                            "level",
-                            format!("{} (summary facts say {})", u.level, s.level),
-                            "at least 1 and the same in both places",
-                        ));
-                    }
-                    let mut srcs = HashSet::new();
-                    for sid in &s.source_ids {
-                        if *sid == u.id {
-                            return Err(StoreError::SelfReference { id: u.id });
-                        }
-                        if !srcs.insert(*sid) {
-                            return Err(StoreError::DuplicateSource { id: *sid });
-                        }
-                    }
-                }
-                _ => {}
             }
             validate_vector(&v, self.options.dim)?;
             // A stored vector is unit length already: kept as it is; anything else is
@@ -630,22 +590,14 @@ impl PgStore {
                     .map(str::to_owned);
                 let mut sources = Vec::new();
                 if let Some(s) = unit.summary.as_mut() {
-                    let mut top: Option<u32> = None;
+                    let mut levels = Vec::with_capacity(s.source_ids.len());
                     for sid in &s.source_ids {
                         let f = source_facts(&tx, *sid).await?;
                         check_thread(&tx, thread.as_deref(), *sid, &f).await?;
-                        top = top.max(Some(f.level));
+                        levels.push(f.level);
                         sources.push(f.rid);
                     }
-                    if let Some(top) = top {
-                        if unit.level != top + 1 {
-                            return Err(bad(
-                                "level",
-                                unit.level.to_string(),
-                                "1 + the highest level of the summary's sources",
-                            ));
-                        }
-                    }
+                    check_restored_level(unit.level, s.continues.is_some(), &levels)?;
                     s.source_count = sources.len();
                 }
                 restore_one(&tx, &unit, &sources, v, &model).await?;
@@ -716,10 +668,13 @@ async fn restore_one<C: GenericClient + Sync>(
             .get(0),
     };
     if !sources.is_empty() {
+        // A continued version is the first source, linked as a continuation.
+        let continued = s.is_some_and(|s| s.continues.is_some());
         c.exec(
             "INSERT INTO summary_sources (summary, source, position, continues)
-             SELECT $1, s, (n - 1)::int, false FROM unnest($2::bigint[]) WITH ORDINALITY AS x (s, n)",
-            &[&rid, &sources],
+             SELECT $1, s, (n - 1)::int, $3 AND n = 1
+               FROM unnest($2::bigint[]) WITH ORDINALITY AS x (s, n)",
+            &[&rid, &sources, &continued],
         )
         .await
         .map_err(pg)?;

@@ -32,6 +32,12 @@ pub struct KeyInfo {
 
 /// The key file of a store: `FILE.keys` beside it.
 pub fn keys_path(db: &Path) -> PathBuf {
+    if db.to_str().is_some_and(cairn_harness::is_postgres_url) {
+        // A database URL names no folder: the keys live in a local file, `CAIRN_KEYS` or
+        // `cairn.keys` in the working directory.
+        return std::env::var_os("CAIRN_KEYS")
+            .map_or_else(|| PathBuf::from("cairn.keys"), PathBuf::from);
+    }
     let mut name = db.file_name().unwrap_or_default().to_os_string();
     name.push(".keys");
     db.with_file_name(name)

@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::{ApiError, ErrorCode};
 pub use keys::{keys_path, KeyStore};
-pub use namespace::{namespace_path, Namespace, Namespaces};
+pub use namespace::{namespace_path, namespace_schema, Namespace, Namespaces};
 pub use service::{parse_duration, Limits, Service};
 
 /// How to run the server.
@@ -108,7 +108,12 @@ impl Server {
         };
         let namespaces = Namespaces::open(&options.db, reader)
             .await
-            .with_context(|| format!("opening the store {}", options.db.display()))?;
+            .with_context(|| {
+                format!(
+                    "opening the store {}",
+                    cairn_harness::display_location(&options.db)
+                )
+            })?;
         let keys = KeyStore::open(&options.db)?;
         let service = Service::new(
             namespaces,
@@ -233,7 +238,19 @@ impl Server {
                     _ = tick.tick() => {}
                 }
                 let db = service.namespaces().db().to_path_buf();
-                for ns in namespace::existing_namespaces(&db) {
+                let mut all = namespace::existing_namespaces(&db);
+                // Namespaces opened since start (on PostgreSQL, the only ones known).
+                all.extend(
+                    service
+                        .namespaces()
+                        .opened()
+                        .await
+                        .into_iter()
+                        .map(|(ns, _)| ns),
+                );
+                all.sort();
+                all.dedup();
+                for ns in all {
                     if shutdown.is_cancelled() {
                         break;
                     }

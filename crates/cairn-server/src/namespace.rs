@@ -75,17 +75,43 @@ pub fn namespaces_dir(db: &Path) -> PathBuf {
 
 /// The store file of a namespace: the `--db` file for the default one, `FILE.ns/NAME.db`
 /// for the others.
+///
+/// On PostgreSQL (`--db postgres://...`) a namespace is a schema of the same database
+/// instead: see [`namespace_schema`].
 pub fn namespace_path(db: &Path, ns: &Namespace) -> PathBuf {
     if ns.is_default() {
         db.to_path_buf()
+    } else if let Some(url) = db.to_str().filter(|u| cairn_harness::is_postgres_url(u)) {
+        let base = cairn_harness::schema_of(url).unwrap_or_else(|| "cairn".to_owned());
+        PathBuf::from(cairn_harness::with_schema(
+            url,
+            &namespace_schema(&base, ns),
+        ))
     } else {
         namespaces_dir(db).join(format!("{}.db", ns.as_str()))
     }
 }
 
-/// The namespaces that have a store: the default one and every `FILE.ns/NAME.db`.
+/// The PostgreSQL schema of a namespace other than the default, beside the store's own
+/// schema `base`: `BASE_ns_NAME_HASH`, the name with `-` written `_` and cut to fit
+/// PostgreSQL's 63 bytes, then 8 hex digits of the name's SHA-256, so two names never share
+/// a schema (`a-b` and `a_b` differ in their hash).
+pub fn namespace_schema(base: &str, ns: &Namespace) -> String {
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(ns.as_str().as_bytes());
+    let tag: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let room = 63usize.saturating_sub(base.len() + "_ns_".len() + 1 + tag.len());
+    let name: String = ns.as_str().replace('-', "_").chars().take(room).collect();
+    format!("{base}_ns_{name}_{tag}")
+}
+
+/// The namespaces that have a store: the default one and every `FILE.ns/NAME.db`. On
+/// PostgreSQL only the default one is listed (a schema does not say which name it serves).
 pub fn existing_namespaces(db: &Path) -> Vec<Namespace> {
     let mut out = vec![Namespace::default_namespace()];
+    if db.to_str().is_some_and(cairn_harness::is_postgres_url) {
+        return out;
+    }
     if let Ok(entries) = std::fs::read_dir(namespaces_dir(db)) {
         for e in entries.flatten() {
             let name = e.file_name();
@@ -150,7 +176,8 @@ impl Namespaces {
             return Ok(h.clone());
         }
         let path = namespace_path(&self.db, ns);
-        if let Some(dir) = path.parent() {
+        let file = !path.to_str().is_some_and(cairn_harness::is_postgres_url);
+        if let Some(dir) = path.parent().filter(|_| file) {
             std::fs::create_dir_all(dir)
                 .map_err(|e| ApiError::internal(format!("creating {}: {e}", dir.display())))?;
         }

@@ -450,6 +450,36 @@ pub trait MemoryBackend: Send + Sync {
         Err(unsupported(self, "reindex"))
     }
 
+    /// [`Self::delete_many`], with the text of every memory deleted (in the report's order):
+    /// what an embedding cache keyed by text must forget too.
+    fn delete_many_with_texts(
+        &self,
+        ids: &[MemoryId],
+        policy: DeletePolicy,
+    ) -> Result<(DeleteReport, Vec<String>)> {
+        let _ = (ids, policy);
+        Err(unsupported(self, "delete_many_with_texts"))
+    }
+
+    /// When each memory of `vids` happened; unknown ids are left out.
+    fn times_of(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>)>> {
+        let _ = vids;
+        Err(unsupported(self, "times_of"))
+    }
+
+    /// The time span (earliest and latest source, through every level) of each summary of
+    /// `vids`, in that order; ids that are not summaries are left out.
+    #[allow(clippy::type_complexity)]
+    fn summary_spans(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>, DateTime<Utc>)>> {
+        let _ = vids;
+        Err(unsupported(self, "summary_spans"))
+    }
+
+    /// The latest time a thread's newest level-1 summary covers (`None` without one).
+    fn consolidated_until(&self, thread: &ThreadId) -> Result<Option<DateTime<Utc>>> {
+        let _ = thread;
+        Err(unsupported(self, "consolidated_until"))
+    }
     /// Finishes queued work and releases the backend; other handles to it see it closed.
     fn close(&self) -> Result<()> {
         Ok(())
@@ -621,12 +651,94 @@ pub fn check_link_thread(summary_thread: Option<&str>, source: &SourceLink) -> R
     }
 }
 
+/// The checks of a memory read from a backup that need nothing stored (see
+/// [`crate::Store::restore`]): text and metadata as for any insert; summary facts exactly on
+/// summaries, with the same level in both places (at least 1); a raw memory at level 0;
+/// sources not repeated and not the summary; a continued version that is the first source.
+pub fn check_restored(u: &MemoryUnit) -> Result<()> {
+    NewMemory::new(MemoryKind::Knowledge, u.content.clone())
+        .with_metadata(u.metadata.clone())
+        .validate()?;
+    let bad = |name: &'static str, value: String, expected: &'static str| {
+        StoreError::from(InputError::OutOfRange {
+            name,
+            value,
+            expected,
+        })
+    };
+    match (&u.summary, u.kind) {
+        (None, MemoryKind::Summary) => {
+            Err(bad("summary facts", "none".into(), "present for a summary"))
+        }
+        (Some(_), k) if k != MemoryKind::Summary => {
+            Err(bad("summary facts", k.as_str().into(), "only on summaries"))
+        }
+        (None, _) if u.level != 0 => Err(bad("level", u.level.to_string(), "0 for a raw memory")),
+        (Some(s), _) => {
+            if u.level == 0 || s.level != u.level {
+                return Err(bad(
+                    "level",
+                    format!("{} (summary facts say {})", u.level, s.level),
+                    "at least 1 and the same in both places",
+                ));
+            }
+            let mut seen = HashSet::new();
+            for sid in &s.source_ids {
+                if *sid == u.id {
+                    return Err(StoreError::SelfReference { id: u.id });
+                }
+                if !seen.insert(*sid) {
+                    return Err(StoreError::DuplicateSource { id: *sid });
+                }
+            }
+            if let Some(c) = s.continues {
+                if s.source_ids.first() != Some(&c) {
+                    return Err(bad(
+                        "continues",
+                        c.to_string(),
+                        "the summary's first source",
+                    ));
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks a restored summary's `level` against its sources' levels (in link order): the
+/// level [`summary_level`] gives them, the first one a continuation link when the summary
+/// `continues` it. Nothing to check without sources (all of them detached).
+pub fn check_restored_level(level: u32, continues: bool, source_levels: &[u32]) -> Result<()> {
+    if source_levels.is_empty() {
+        return Ok(());
+    }
+    let links = source_levels
+        .iter()
+        .enumerate()
+        .map(|(i, level)| (*level, continues && i == 0));
+    if level == level_over(links) {
+        Ok(())
+    } else {
+        Err(InputError::OutOfRange {
+            name: "level",
+            value: level.to_string(),
+            expected: "1 + the highest level of the summary's sources (a continued version's own)",
+        }
+        .into())
+    }
+}
+
 /// A summary's level: 1 + the highest level of its sources, a continuation link counting
 /// its source's own level; at least 1.
 pub fn summary_level(links: &[SourceLink]) -> u32 {
+    level_over(links.iter().map(|s| (s.level, s.continues)))
+}
+
+/// [`summary_level`] over (level, continues) pairs.
+fn level_over(links: impl Iterator<Item = (u32, bool)>) -> u32 {
     links
-        .iter()
-        .map(|s| if s.continues { s.level } else { s.level + 1 })
+        .map(|(level, continues)| if continues { level } else { level + 1 })
         .max()
         .unwrap_or(1)
         .max(1)
@@ -945,5 +1057,25 @@ impl MemoryBackend for crate::Store {
 
     fn close(&self) -> Result<()> {
         self.clone().close()
+    }
+
+    fn delete_many_with_texts(
+        &self,
+        ids: &[MemoryId],
+        policy: DeletePolicy,
+    ) -> Result<(DeleteReport, Vec<String>)> {
+        crate::Store::delete_many_with_texts(self, ids, policy)
+    }
+
+    fn times_of(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>)>> {
+        crate::Store::times_of(self, vids)
+    }
+
+    fn summary_spans(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>, DateTime<Utc>)>> {
+        crate::Store::summary_spans(self, vids)
+    }
+
+    fn consolidated_until(&self, thread: &ThreadId) -> Result<Option<DateTime<Utc>>> {
+        crate::Store::consolidated_until(self, thread)
     }
 }

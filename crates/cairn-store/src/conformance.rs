@@ -39,8 +39,10 @@ use crate::{
 };
 
 mod reads;
+mod spans;
 mod writes;
 pub use reads::*;
+pub use spans::*;
 pub use writes::*;
 
 /// The embedding dimension the checks use.
@@ -59,6 +61,8 @@ macro_rules! conformance_suite {
             keyword_search_matches_any_word, recent_and_threads, delete_policies,
             metadata_filters, lifetimes, paging_lists_each_memory_once, metadata_patches,
             thread_state_round_trips, versions_reads_and_expiry,
+            // Context reads by index id (conformance/spans.rs).
+            spans_times_and_deleted_texts,
             // Reads the harness uses (conformance/reads.rs).
             index_id_searches_agree, timelines_with_ties, thread_reads, hierarchy_by_index_id,
             consolidation_scans, sequence_numbers_grow,

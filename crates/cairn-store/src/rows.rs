@@ -74,6 +74,7 @@ pub(crate) fn decode(r: &Row<'_>) -> rusqlite::Result<RawRow> {
                 source_count: usize::try_from(count.unwrap_or(0)).unwrap_or(0),
                 level,
                 stale,
+                continues: None,
             })
         }
     };
@@ -102,16 +103,21 @@ pub(crate) fn decode(r: &Row<'_>) -> rusqlite::Result<RawRow> {
 /// Fills in `source_ids` of every summary row.
 pub(crate) fn attach_sources(conn: &Connection, rows: &mut [RawRow]) -> Result<()> {
     let mut stmt = conn.prepare_cached(
-        "SELECT s.id FROM summary_sources l JOIN memories s ON s.rid = l.source
+        "SELECT s.id, l.continues FROM summary_sources l JOIN memories s ON s.rid = l.source
          WHERE l.summary = ?1 ORDER BY l.position",
     )?;
     for row in rows.iter_mut() {
         if let Some(info) = row.unit.summary.as_mut() {
-            info.source_ids = stmt
+            let links: Vec<(MemoryId, bool)> = stmt
                 .query_map(params![row.rid], |r| {
-                    r.get::<_, [u8; 16]>(0).map(MemoryId::from_bytes)
+                    Ok((
+                        MemoryId::from_bytes(r.get::<_, [u8; 16]>(0)?),
+                        r.get::<_, bool>(1)?,
+                    ))
                 })?
                 .collect::<rusqlite::Result<_>>()?;
+            info.continues = links.iter().find(|(_, c)| *c).map(|(id, _)| *id);
+            info.source_ids = links.into_iter().map(|(id, _)| id).collect();
         }
     }
     Ok(())

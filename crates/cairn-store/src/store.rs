@@ -919,6 +919,7 @@ impl Store {
                     source_count: links.len(),
                     level,
                     stale: false,
+                    continues: previous,
                 }),
                 lifetime: cairn_core::Lifetime::default(),
             };

@@ -186,6 +186,7 @@ pub fn refresh_summary_recomputes_and_clears_stale(b: &dyn MemoryBackend) {
             source_count: 99,
             level: 1,
             stale: true,
+            continues: None,
         }),
         lifetime: cairn_core::Lifetime::default(),
     };
@@ -585,6 +586,41 @@ pub fn continuations_chain_and_write_state(b: &dyn MemoryBackend) {
     ));
     assert_eq!(count(b), n);
     assert_eq!(b.thread_state(&t, "moving").unwrap().as_deref(), Some("2"));
+
+    // Each version says which one it continues, and the chain survives a backup.
+    assert_eq!(v1.summary.as_ref().unwrap().continues, None);
+    assert_eq!(v2.summary.as_ref().unwrap().continues, Some(v1.id));
+    assert_eq!(
+        b.get(v4.id).unwrap().summary.unwrap().continues,
+        Some(v3.id)
+    );
+    assert_eq!(chunk.summary.as_ref().unwrap().continues, None);
+    let mut rows = Vec::new();
+    b.backup_rows(true, &mut |_| Ok(()), &mut |m, v| {
+        rows.push((m, v.unwrap()));
+        Ok(())
+    })
+    .unwrap();
+    let before: Vec<MemoryUnit> = rows.iter().map(|(m, _)| m.clone()).collect();
+    b.delete_many(&ids(&before), DeletePolicy::Cascade).unwrap();
+    assert_eq!(count(b), 0);
+    let mut wrong = rows.clone();
+    let at = wrong.iter().position(|(m, _)| m.id == v2.id).unwrap();
+    if let Some(info) = wrong[at].0.summary.as_mut() {
+        info.continues = Some(turns[2].id);
+    }
+    assert!(
+        matches!(b.restore(wrong), Err(StoreError::Input(_))),
+        "a continued version that is not the first source"
+    );
+    assert_eq!(count(b), 0);
+    b.restore(rows).unwrap();
+    for m in &before {
+        assert_eq!(&b.get(m.id).unwrap(), m);
+    }
+    assert_eq!(ids(&b.leaves(v4.id).unwrap()), ids(&turns));
+    assert_eq!(b.get(v4.id).unwrap().level, 2);
+    assert_eq!(b.get(v2.id).unwrap().level, 1);
 
     b.set_thread_state(ThreadState {
         thread: t.clone(),

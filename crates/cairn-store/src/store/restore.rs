@@ -7,7 +7,7 @@ use crate::{Result, StoreError};
 
 use std::collections::HashSet;
 
-use cairn_core::{normalized, validate_vector, InputError, MemoryKind, MemoryUnit, NewMemory};
+use cairn_core::{normalized, validate_vector, MemoryUnit};
 use rusqlite::params;
 use rusqlite::types::Value;
 
@@ -102,48 +102,9 @@ impl Store {
         let mut prepared = Vec::with_capacity(items.len());
         let mut seen = HashSet::new();
         for (u, v) in items {
-            NewMemory::new(MemoryKind::Knowledge, u.content.clone())
-                .with_metadata(u.metadata.clone())
-                .validate()?;
+            crate::backend::check_restored(&u)?;
             if !seen.insert(u.id) {
                 return Err(StoreError::DuplicateId { id: u.id });
-            }
-            let bad = |name: &'static str, value: String, expected: &'static str| {
-                StoreError::from(InputError::OutOfRange {
-                    name,
-                    value,
-                    expected,
-                })
-            };
-            match (&u.summary, u.kind) {
-                (None, MemoryKind::Summary) => {
-                    return Err(bad("summary facts", "none".into(), "present for a summary"))
-                }
-                (Some(_), k) if k != MemoryKind::Summary => {
-                    return Err(bad("summary facts", k.as_str().into(), "only on summaries"))
-                }
-                (None, _) if u.level != 0 => {
-                    return Err(bad("level", u.level.to_string(), "0 for a raw memory"))
-                }
-                (Some(s), _) => {
-                    if u.level == 0 || s.level != u.level {
-                        return Err(bad(
-                            "level",
-                            format!("{} (summary facts say {})", u.level, s.level),
-                            "at least 1 and the same in both places",
-                        ));
-                    }
-                    let mut srcs = HashSet::new();
-                    for sid in &s.source_ids {
-                        if *sid == u.id {
-                            return Err(StoreError::SelfReference { id: u.id });
-                        }
-                        if !srcs.insert(*sid) {
-                            return Err(StoreError::DuplicateSource { id: *sid });
-                        }
-                    }
-                }
-                _ => {}
             }
             validate_vector(&v, self.inner.shared.options.dim)?;
             // A stored vector is unit length already: kept bit for bit (normalizing it again
@@ -168,16 +129,12 @@ impl Store {
                         check_thread(&tx, thread, *sid, &facts)?;
                         sources.push(facts);
                     }
-                    if let Some(top) = sources.iter().map(|f| f.level).max() {
-                        if unit.level != top + 1 {
-                            return Err(InputError::OutOfRange {
-                                name: "level",
-                                value: unit.level.to_string(),
-                                expected: "1 + the highest level of the summary's sources",
-                            }
-                            .into());
-                        }
-                    }
+                    let levels: Vec<u32> = sources.iter().map(|f| f.level).collect();
+                    crate::backend::check_restored_level(
+                        unit.level,
+                        s.continues.is_some(),
+                        &levels,
+                    )?;
                     s.source_count = sources.len();
                 }
                 let (vid, rid) = insert_row(&tx, shared, unit, v)?;
@@ -185,10 +142,17 @@ impl Store {
                     tx.prepare_cached("UPDATE memories SET stale = ?2 WHERE rid = ?1")?
                         .execute(params![rid, s.stale])?;
                     let mut link = tx.prepare_cached(
-                        "INSERT INTO summary_sources (summary, source, position) VALUES (?1, ?2, ?3)",
+                        "INSERT INTO summary_sources (summary, source, position, continues)
+                         VALUES (?1, ?2, ?3, ?4)",
                     )?;
                     for (pos, f) in sources.iter().enumerate() {
-                        link.execute(params![rid, f.rid, i64::try_from(pos).unwrap_or(i64::MAX)])?;
+                        let continues = pos == 0 && s.continues.is_some();
+                        link.execute(params![
+                            rid,
+                            f.rid,
+                            i64::try_from(pos).unwrap_or(i64::MAX),
+                            continues
+                        ])?;
                     }
                 }
                 vids.push(vid);
