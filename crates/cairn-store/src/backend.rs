@@ -142,35 +142,20 @@ pub trait MemoryBackend: Send + Sync {
     fn model_id(&self) -> String;
 
     /// [`Self::get_many`] that skips ids with no memory (deleted meanwhile, say).
-    fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
-        let _ = ids;
-        Err(unsupported(self, "get_found"))
-    }
+    fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>>;
 
     /// Every memory `filter` admits, oldest first (ties by insertion): `limit` from `offset`.
-    fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>> {
-        let _ = (filter, offset, limit);
-        Err(unsupported(self, "scan"))
-    }
+    fn scan(&self, filter: &Filter, offset: usize, limit: usize) -> Result<Vec<MemoryUnit>>;
 
     /// The content and text `metadata.speaker` of every memory `filter` admits, oldest first.
-    fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>> {
-        let _ = filter;
-        Err(unsupported(self, "texts"))
-    }
+    fn texts(&self, filter: &Filter) -> Result<Vec<(String, Option<String>)>>;
 
     /// The timeline of what `filter` admits (time, index id, speaker, length), oldest first.
-    fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>> {
-        let _ = filter;
-        Err(unsupported(self, "timeline_entries"))
-    }
+    fn timeline_entries(&self, filter: &Filter) -> Result<Vec<TimelineEntry>>;
 
     /// The timeline entries of the memories whose index ids are `vids`, oldest first (ties by
     /// insertion); unknown ids are left out.
-    fn timeline_of(&self, vids: &[u64]) -> Result<Vec<TimelineEntry>> {
-        let _ = vids;
-        Err(unsupported(self, "timeline_of"))
-    }
+    fn timeline_of(&self, vids: &[u64]) -> Result<Vec<TimelineEntry>>;
 
     /// For each of `times`, up to `before` admitted entries before it and up to `after` at or
     /// after it, oldest first (see [`crate::Store::timeline_around`]).
@@ -180,10 +165,7 @@ pub trait MemoryBackend: Send + Sync {
         times: &[DateTime<Utc>],
         before: usize,
         after: usize,
-    ) -> Result<Vec<Vec<TimelineEntry>>> {
-        let _ = (filter, times, before, after);
-        Err(unsupported(self, "timeline_around"))
-    }
+    ) -> Result<Vec<Vec<TimelineEntry>>>;
 
     /// Up to `limit` admitted entries, the oldest (or the newest when `newest`), oldest first,
     /// with whether more were admitted.
@@ -192,29 +174,17 @@ pub trait MemoryBackend: Send + Sync {
         filter: &Filter,
         limit: usize,
         newest: bool,
-    ) -> Result<(Vec<TimelineEntry>, bool)> {
-        let _ = (filter, limit, newest);
-        Err(unsupported(self, "timeline_page"))
-    }
+    ) -> Result<(Vec<TimelineEntry>, bool)>;
 
     /// The distinct text `metadata.speaker` values of a thread's memories, in byte order.
-    fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>> {
-        let _ = thread;
-        Err(unsupported(self, "thread_speakers"))
-    }
+    fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>>;
 
     /// A thread's summaries no summary cites, among the newest `per_level` of each level,
     /// oldest first.
-    fn top_summaries(&self, thread: &ThreadId, per_level: usize) -> Result<Vec<MemoryUnit>> {
-        let _ = (thread, per_level);
-        Err(unsupported(self, "top_summaries"))
-    }
+    fn top_summaries(&self, thread: &ThreadId, per_level: usize) -> Result<Vec<MemoryUnit>>;
 
     /// How many live memories of `kinds` a thread holds.
-    fn count_in_thread(&self, thread: &ThreadId, kinds: &[MemoryKind]) -> Result<usize> {
-        let _ = (thread, kinds);
-        Err(unsupported(self, "count_in_thread"))
-    }
+    fn count_in_thread(&self, thread: &ThreadId, kinds: &[MemoryKind]) -> Result<usize>;
 
     /// [`Self::search_vector`] as (index id, similarity), best first, without reading rows;
     /// `ef` overrides the search breadth where the backend has one.
@@ -224,10 +194,7 @@ pub trait MemoryBackend: Send + Sync {
         k: usize,
         filter: &Filter,
         ef: Option<usize>,
-    ) -> Result<Vec<(u64, f32)>> {
-        let _ = (query, k, filter, ef);
-        Err(unsupported(self, "search_vector_ids"))
-    }
+    ) -> Result<Vec<(u64, f32)>>;
 
     /// [`Self::search_vector_ids`] scored exactly on every admitted memory, never through an
     /// approximate index.
@@ -236,21 +203,11 @@ pub trait MemoryBackend: Send + Sync {
         query: Vec<f32>,
         k: usize,
         filter: &Filter,
-    ) -> Result<Vec<(u64, f32)>> {
-        let _ = (query, k, filter);
-        Err(unsupported(self, "search_vector_ids_exact"))
-    }
+    ) -> Result<Vec<(u64, f32)>>;
 
     /// [`Self::search_keyword`] as (index id, score), best first, without reading rows.
-    fn search_keyword_ids(
-        &self,
-        query: &str,
-        k: usize,
-        filter: &Filter,
-    ) -> Result<Vec<(u64, f32)>> {
-        let _ = (query, k, filter);
-        Err(unsupported(self, "search_keyword_ids"))
-    }
+    fn search_keyword_ids(&self, query: &str, k: usize, filter: &Filter)
+        -> Result<Vec<(u64, f32)>>;
 
     /// [`Self::search_keyword_ids`] over only the words of `query` that at most `max_matches`
     /// memories hold; empty when every word is more common.
@@ -260,44 +217,26 @@ pub trait MemoryBackend: Send + Sync {
         k: usize,
         filter: &Filter,
         max_matches: usize,
-    ) -> Result<Vec<(u64, f32)>> {
-        let _ = (query, k, filter, max_matches);
-        Err(unsupported(self, "search_keyword_ids_capped"))
-    }
+    ) -> Result<Vec<(u64, f32)>>;
 
     /// The rows of ranked index ids, in the given order with their scores; ids whose row is
     /// gone are skipped.
-    fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {
-        let _ = found;
-        Err(unsupported(self, "hits"))
-    }
+    fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>>;
 
     /// The cosine similarity of `query` to each memory of `vids`, in that order; unknown ids
     /// are left out.
-    fn similarities(&self, query: Vec<f32>, vids: &[u64]) -> Result<Vec<(u64, f32)>> {
-        let _ = (query, vids);
-        Err(unsupported(self, "similarities"))
-    }
+    fn similarities(&self, query: Vec<f32>, vids: &[u64]) -> Result<Vec<(u64, f32)>>;
 
     /// The index ids of the level-0 memories under the summaries `summaries` (index ids),
     /// through every level, once each.
-    fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>> {
-        let _ = summaries;
-        Err(unsupported(self, "leaf_vids"))
-    }
+    fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>>;
 
     /// The index ids of the summaries a summary (by index id) cites directly, in order,
     /// continuation links left out.
-    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
-        let _ = summary;
-        Err(unsupported(self, "child_summary_vids"))
-    }
+    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>>;
 
     /// Stale summaries `filter` admits, lowest level first, then oldest; at most `limit`.
-    fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {
-        let _ = (filter, limit);
-        Err(unsupported(self, "stale_summaries"))
-    }
+    fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>>;
 
     /// The oldest `limit` memories `filter` admits that no summary at `parent_level` cites.
     fn scan_uncovered_page(
@@ -305,17 +244,11 @@ pub trait MemoryBackend: Send + Sync {
         filter: &Filter,
         parent_level: u32,
         limit: usize,
-    ) -> Result<Vec<MemoryUnit>> {
-        let _ = (filter, parent_level, limit);
-        Err(unsupported(self, "scan_uncovered_page"))
-    }
+    ) -> Result<Vec<MemoryUnit>>;
 
     /// Raw memories that arrived after the level-1 conversation summary whose span holds
     /// their time, each with that summary, oldest first.
-    fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
-        let _ = filter;
-        Err(unsupported(self, "late_arrivals"))
-    }
+    fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>>;
 
     /// The memories of `kind` in `thread` inserted after sequence number `after`, in
     /// insertion order, with their sequence numbers (which only grow, never reused).
@@ -324,33 +257,20 @@ pub trait MemoryBackend: Send + Sync {
         thread: &ThreadId,
         kind: MemoryKind,
         after: u64,
-    ) -> Result<Vec<(MemoryUnit, u64)>> {
-        let _ = (thread, kind, after);
-        Err(unsupported(self, "thread_tail"))
-    }
+    ) -> Result<Vec<(MemoryUnit, u64)>>;
 
     /// The memories `ids`, in that order, with their sequence numbers; `NotFound` for one
     /// that is not stored.
-    fn sequenced(&self, ids: &[MemoryId]) -> Result<Vec<(MemoryUnit, u64)>> {
-        let _ = ids;
-        Err(unsupported(self, "sequenced"))
-    }
+    fn sequenced(&self, ids: &[MemoryId]) -> Result<Vec<(MemoryUnit, u64)>>;
 
     /// The highest sequence number given so far (0 for an empty store).
-    fn last_sequence(&self) -> Result<u64> {
-        Err(unsupported(self, "last_sequence"))
-    }
+    fn last_sequence(&self) -> Result<u64>;
 
     /// A memory's stored embedding.
-    fn embedding(&self, id: MemoryId) -> Result<Vec<f32>> {
-        let _ = id;
-        Err(unsupported(self, "embedding"))
-    }
+    fn embedding(&self, id: MemoryId) -> Result<Vec<f32>>;
 
     /// Counts per kind and level, stale summaries and links (and, in SQLite, index health).
-    fn stats(&self) -> Result<StoreStats> {
-        Err(unsupported(self, "stats"))
-    }
+    fn stats(&self) -> Result<StoreStats>;
 
     /// Replaces a memory's content (and metadata when given) and embedding; every summary
     /// above it is marked stale.
@@ -360,10 +280,7 @@ pub trait MemoryBackend: Send + Sync {
         content: String,
         metadata: Option<Metadata>,
         embedding: Vec<f32>,
-    ) -> Result<MemoryUnit> {
-        let _ = (id, content, metadata, embedding);
-        Err(unsupported(self, "update"))
-    }
+    ) -> Result<MemoryUnit>;
 
     /// Rewrites a summary from its current sources: content, metadata when given, embedding;
     /// clears its stale flag, recomputes level, span and source count, marks those above
@@ -374,30 +291,18 @@ pub trait MemoryBackend: Send + Sync {
         content: String,
         metadata: Option<Metadata>,
         embedding: Vec<f32>,
-    ) -> Result<MemoryUnit> {
-        let _ = (id, content, metadata, embedding);
-        Err(unsupported(self, "refresh_summary"))
-    }
+    ) -> Result<MemoryUnit>;
 
     /// Replaces a memory's metadata whole (no merge).
-    fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit> {
-        let _ = (id, metadata);
-        Err(unsupported(self, "set_metadata"))
-    }
+    fn set_metadata(&self, id: MemoryId, metadata: Metadata) -> Result<MemoryUnit>;
 
     /// Appends sources to a summary, refusing cycles, and updates the level and span of it
     /// and of every summary above.
-    fn extend_summary(&self, summary: MemoryId, sources: Vec<MemoryId>) -> Result<MemoryUnit> {
-        let _ = (summary, sources);
-        Err(unsupported(self, "extend_summary"))
-    }
+    fn extend_summary(&self, summary: MemoryId, sources: Vec<MemoryId>) -> Result<MemoryUnit>;
 
     /// Adds `source` to `summary` at its place in time and marks the summary and those above
     /// stale.
-    fn place_source(&self, summary: MemoryId, source: MemoryId) -> Result<MemoryUnit> {
-        let _ = (summary, source);
-        Err(unsupported(self, "place_source"))
-    }
+    fn place_source(&self, summary: MemoryId, source: MemoryId) -> Result<MemoryUnit>;
 
     /// Adds a summary that continues `previous` (a continuation link first), writing `state`
     /// in the same transaction (see [`crate::Store::add_continuation`]).
@@ -407,16 +312,10 @@ pub trait MemoryBackend: Send + Sync {
         previous: Option<MemoryId>,
         state: Option<ThreadState>,
         embedding: Vec<f32>,
-    ) -> Result<MemoryUnit> {
-        let _ = (summary, previous, state, embedding);
-        Err(unsupported(self, "add_continuation"))
-    }
+    ) -> Result<MemoryUnit>;
 
     /// Removes every per-thread state value of `thread`.
-    fn clear_thread_state(&self, thread: &ThreadId) -> Result<()> {
-        let _ = thread;
-        Err(unsupported(self, "clear_thread_state"))
-    }
+    fn clear_thread_state(&self, thread: &ThreadId) -> Result<()>;
 
     /// Every memory for a backup: `on_start` gets the count, then `on_row` each memory whole
     /// (and its vector when `with_embeddings`), by level then insertion, so every summary
@@ -426,18 +325,12 @@ pub trait MemoryBackend: Send + Sync {
         with_embeddings: bool,
         on_start: &mut dyn FnMut(usize) -> Result<()>,
         on_row: &mut dyn FnMut(MemoryUnit, Option<Vec<f32>>) -> Result<()>,
-    ) -> Result<usize> {
-        let _ = (with_embeddings, on_start, on_row);
-        Err(unsupported(self, "backup_rows"))
-    }
+    ) -> Result<usize>;
 
     /// Writes memories read from a backup as they were (ids, times, links, flags), in one
     /// transaction, summaries after their sources; an id already stored is `DuplicateId`
     /// (see [`crate::Store::restore`] for every check).
-    fn restore(&self, items: Vec<(MemoryUnit, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
-        let _ = items;
-        Err(unsupported(self, "restore"))
-    }
+    fn restore(&self, items: Vec<(MemoryUnit, Vec<f32>)>) -> Result<Vec<MemoryUnit>>;
 
     /// Writes what the backend keeps outside its rows (SQLite: the index snapshot). Nothing
     /// to do where everything is in the database.
@@ -446,9 +339,7 @@ pub trait MemoryBackend: Send + Sync {
     }
 
     /// Rebuilds the vector index from the stored embeddings.
-    fn reindex(&self) -> Result<()> {
-        Err(unsupported(self, "reindex"))
-    }
+    fn reindex(&self) -> Result<()>;
 
     /// [`Self::delete_many`], with the text of every memory deleted (in the report's order):
     /// what an embedding cache keyed by text must forget too.
@@ -456,40 +347,21 @@ pub trait MemoryBackend: Send + Sync {
         &self,
         ids: &[MemoryId],
         policy: DeletePolicy,
-    ) -> Result<(DeleteReport, Vec<String>)> {
-        let _ = (ids, policy);
-        Err(unsupported(self, "delete_many_with_texts"))
-    }
+    ) -> Result<(DeleteReport, Vec<String>)>;
 
     /// When each memory of `vids` happened; unknown ids are left out.
-    fn times_of(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>)>> {
-        let _ = vids;
-        Err(unsupported(self, "times_of"))
-    }
+    fn times_of(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>)>>;
 
     /// The time span (earliest and latest source, through every level) of each summary of
     /// `vids`, in that order; ids that are not summaries are left out.
     #[allow(clippy::type_complexity)]
-    fn summary_spans(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>, DateTime<Utc>)>> {
-        let _ = vids;
-        Err(unsupported(self, "summary_spans"))
-    }
+    fn summary_spans(&self, vids: &[u64]) -> Result<Vec<(u64, DateTime<Utc>, DateTime<Utc>)>>;
 
     /// The latest time a thread's newest level-1 summary covers (`None` without one).
-    fn consolidated_until(&self, thread: &ThreadId) -> Result<Option<DateTime<Utc>>> {
-        let _ = thread;
-        Err(unsupported(self, "consolidated_until"))
-    }
+    fn consolidated_until(&self, thread: &ThreadId) -> Result<Option<DateTime<Utc>>>;
     /// Finishes queued work and releases the backend; other handles to it see it closed.
     fn close(&self) -> Result<()> {
         Ok(())
-    }
-}
-
-fn unsupported<B: MemoryBackend + ?Sized>(b: &B, what: &'static str) -> StoreError {
-    StoreError::Unsupported {
-        backend: b.backend_name(),
-        what,
     }
 }
 
