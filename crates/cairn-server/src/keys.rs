@@ -57,9 +57,14 @@ fn hash(key: &str) -> [u8; 32] {
 }
 
 impl KeyStore {
-    /// Opens (creating if needed) the key file of the store at `db`.
+    /// Opens (creating if needed) the key file of the store at `db` ([`keys_path`]).
     pub fn open(db: &Path) -> Result<Self, ApiError> {
-        let path = keys_path(db);
+        Self::open_file(&keys_path(db))
+    }
+
+    /// Opens (creating if needed) the key file at `path`.
+    pub fn open_file(path: &Path) -> Result<Self, ApiError> {
+        let path = path.to_path_buf();
         let fresh = !path.exists();
         let conn = Connection::open(&path).map_err(sql)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))

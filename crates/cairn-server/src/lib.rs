@@ -57,8 +57,12 @@ pub use service::{parse_duration, Limits, Service};
 
 /// How to run the server.
 pub struct ServerOptions {
-    /// The store file (the default namespace's; the others sit beside it).
+    /// The store file (the default namespace's; the others sit beside it), or a PostgreSQL
+    /// URL (the other namespaces are schemas of the same database).
     pub db: PathBuf,
+    /// The API key file: `FILE.keys` beside a store file; for a PostgreSQL store
+    /// `CAIRN_KEYS` or `cairn.keys` in the working directory (see [`keys_path`]).
+    pub keys: PathBuf,
     /// Bounds on requests.
     pub limits: Limits,
     /// Whether MCP clients may run consolidation (`memory_consolidate`).
@@ -72,8 +76,10 @@ pub struct ServerOptions {
 impl ServerOptions {
     /// The defaults for the store at `db`.
     pub fn new(db: impl Into<PathBuf>) -> Self {
+        let db = db.into();
         Self {
-            db: db.into(),
+            keys: keys_path(&db),
+            db,
             limits: Limits::default(),
             allow_consolidate: false,
             reader: None,
@@ -114,7 +120,7 @@ impl Server {
                     cairn_harness::display_location(&options.db)
                 )
             })?;
-        let keys = KeyStore::open(&options.db)?;
+        let keys = KeyStore::open_file(&options.keys)?;
         let service = Service::new(
             namespaces,
             writer,

@@ -135,7 +135,12 @@ async fn adds_that_arrive_together_share_a_model_run_and_searches_do_not_wait() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_consolidates_every_namespace_on_its_schedule() {
     let dir = tempfile::tempdir().unwrap();
-    let server = common::open(dir.path().join("m.db"), Limits::default()).await;
+    let server = common::open(
+        dir.path().join("m.db"),
+        dir.path().join("keys"),
+        Limits::default(),
+    )
+    .await;
     let svc = server.service();
     let acme = Namespace::new("acme").unwrap();
     for ns in [Namespace::default_namespace(), acme.clone()] {

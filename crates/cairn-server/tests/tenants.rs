@@ -116,7 +116,12 @@ fn run(ops: Vec<Op>) {
         .unwrap();
     rt.block_on(async move {
         let dir = tempfile::tempdir().unwrap();
-        let server = common::open(dir.path().join("m.db"), Limits::default()).await;
+        let server = common::open(
+            dir.path().join("m.db"),
+            dir.path().join("keys"),
+            Limits::default(),
+        )
+        .await;
         let svc = server.service();
         let nss: Vec<Namespace> = NAMESPACES
             .iter()

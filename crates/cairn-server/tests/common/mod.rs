@@ -23,9 +23,10 @@ pub fn embedder() -> Arc<dyn Embedder> {
     Arc::new(HashEmbedder::new(DIM))
 }
 
-pub async fn open(db: PathBuf, limits: Limits) -> Server {
+pub async fn open(db: PathBuf, keys: PathBuf, limits: Limits) -> Server {
     let e = embedder();
     let mut o = ServerOptions::new(db);
+    o.keys = keys;
     o.reader = Some(e.clone());
     o.writer = Some(e);
     o.limits = limits;
@@ -45,8 +46,15 @@ pub struct TestServer {
 }
 
 pub fn start(limits: Limits) -> TestServer {
+    start_on(None, limits)
+}
+
+/// A server on the store at `db` (a SQLite file in a temporary directory when `None`, or a
+/// PostgreSQL URL); its keys in the temporary directory.
+pub fn start_on(db: Option<PathBuf>, limits: Limits) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("m.db");
+    let db = db.unwrap_or_else(|| dir.path().join("m.db"));
+    let keys = dir.path().join("keys");
     let (tx, rx) = std::sync::mpsc::channel::<(SocketAddr, String, String, CancellationToken)>();
     let path = db.clone();
     let thread = std::thread::spawn(move || {
@@ -56,7 +64,7 @@ pub fn start(limits: Limits) -> TestServer {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let server = open(path, limits).await;
+            let server = open(path, keys, limits).await;
             let a = server
                 .keys()
                 .create("a", &Namespace::new("alpha").unwrap())
