@@ -18,7 +18,8 @@
 //! reading process's resident memory against the store's size on disk.
 //!
 //! `cargo bench --bench context_scale` (`CAIRN_BENCH_STORE_DIR=DIR` keeps the stores there
-//! and reuses them on the next run)
+//! and reuses them on the next run; `CAIRN_BENCH_PG=postgres://...` builds each store in a
+//! fresh schema of that PostgreSQL database instead, and reports no size on disk)
 
 #![allow(
     clippy::unwrap_used,
@@ -289,12 +290,17 @@ async fn main() {
         let tmp = tempfile::tempdir().unwrap();
         // `CAIRN_BENCH_STORE_DIR` keeps the stores there and reuses them (build time 0).
         let keep = std::env::var("CAIRN_BENCH_STORE_DIR").ok();
-        let db = keep.as_ref().map_or_else(
-            || tmp.path().join("scale.db"),
-            |d| std::path::Path::new(d).join(format!("scale-{n}.db")),
-        );
+        let pg = std::env::var("CAIRN_BENCH_PG").ok();
+        let db = match (&pg, &keep) {
+            (Some(url), _) => std::path::PathBuf::from(cairn_harness::with_schema(
+                url,
+                &format!("bench_scale_{n}_{}", std::process::id()),
+            )),
+            (None, Some(d)) => std::path::Path::new(d).join(format!("scale-{n}.db")),
+            (None, None) => tmp.path().join("scale.db"),
+        };
         let built = Instant::now();
-        if !db.exists() {
+        if pg.is_some() || !db.exists() {
             let mem = MemoryHarness::builder(&db)
                 .embedder(Arc::new(HashEmbedder::new(384)))
                 .build()
