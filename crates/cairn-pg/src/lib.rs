@@ -43,13 +43,10 @@ use tokio_postgres::{NoTls, Row};
 
 use cairn_core::{
     check_metadata, normalized, validate_vector, Clock, MemoryId, MemoryKind, MemoryUnit, Metadata,
-    NewMemory, SummaryInfo, SystemClock, ThreadId,
+    NewMemory, SystemClock, ThreadId,
 };
 use cairn_store::backend::merge_patch;
-use cairn_store::backend::{
-    check_link_thread, check_summary, prepare_memories, same_memory, summary_level, to_stored_time,
-    PreparedMemory, SourceLink,
-};
+use cairn_store::backend::{prepare_memories, same_memory, to_stored_time, PreparedMemory};
 use cairn_store::{
     Cursor, DeletePolicy, DeleteReport, Filter, Hit, MemoryBackend, NewSummary, Page, Result,
     StoreError, StoreStats, ThreadState, TimelineEntry,
@@ -882,129 +879,8 @@ impl MemoryBackend for PgStore {
     }
 
     fn add_summary(&self, summary: NewSummary, embedding: Vec<f32>) -> Result<MemoryUnit> {
-        let id = check_summary(&summary, None)?;
-        let v = self.prepare_vector(embedding)?;
-        let created = to_stored_time(summary.created_at.unwrap_or_else(|| self.now()));
-        let model = self.options.model_id.clone();
-        self.block(move |mut c| {
-            async move {
-                let tx = c.transaction().await.map_err(pg)?;
-                let thread = summary.thread_id.as_ref().map(ThreadId::as_str);
-                let mut links = Vec::with_capacity(summary.source_ids.len());
-                let mut facts = Vec::with_capacity(summary.source_ids.len());
-                for sid in &summary.source_ids {
-                    let row = tx
-                        .row_opt(
-                            "SELECT rid, level, COALESCE(time_start, created_at),
-                                    COALESCE(time_end, created_at), thread_id
-                             FROM memories WHERE id = $1",
-                            &[&sid.uuid()],
-                        )
-                        .await
-                        .map_err(pg)?
-                        .ok_or(StoreError::NotFound { id: *sid })?;
-                    let level: i32 = row.get(1);
-                    let link = SourceLink {
-                        id: *sid,
-                        level: u32::try_from(level).unwrap_or(0),
-                        thread: row.get(4),
-                        continues: false,
-                    };
-                    if let (true, Some(t)) = (check_link_thread(thread, &link)?, thread) {
-                        let below = tx
-                            .row_opt(
-                                "WITH RECURSIVE down(r) AS (
-                                    SELECT source FROM summary_sources WHERE summary = $1
-                                    UNION SELECT l.source FROM summary_sources l
-                                          JOIN down ON l.summary = down.r)
-                                 SELECT m.id, m.thread_id FROM memories m
-                                  WHERE m.rid IN (SELECT r FROM down)
-                                    AND m.thread_id IS NOT NULL AND m.thread_id <> $2 LIMIT 1",
-                                &[&row.get::<_, i64>(0), &t],
-                            )
-                            .await
-                            .map_err(pg)?;
-                        if let Some(b) = below {
-                            return Err(StoreError::ThreadMismatch {
-                                id: MemoryId::from_uuid(b.get::<_, uuid::Uuid>(0)),
-                                source_thread: b.get(1),
-                                summary_thread: t.to_owned(),
-                            });
-                        }
-                    }
-                    let t0: DateTime<Utc> = row.get(2);
-                    let t1: DateTime<Utc> = row.get(3);
-                    facts.push((row.get::<_, i64>(0), t0, t1));
-                    links.push(link);
-                }
-                let level = summary_level(&links);
-                let start = facts.iter().map(|f| f.1).min().unwrap_or(created);
-                let end = facts.iter().map(|f| f.2).max().unwrap_or(created);
-                let unit = MemoryUnit {
-                    id,
-                    kind: MemoryKind::Summary,
-                    thread_id: summary.thread_id.clone(),
-                    role: None,
-                    content: summary.content.clone(),
-                    created_at: created,
-                    metadata: summary.metadata.clone(),
-                    level,
-                    summary: Some(SummaryInfo {
-                        summary_type: summary.summary_type,
-                        source_ids: summary.source_ids.clone(),
-                        time_range_start: start,
-                        time_range_end: end,
-                        source_count: links.len(),
-                        level,
-                        stale: false,
-                        continues: None,
-                    }),
-                    lifetime: cairn_core::Lifetime::default(),
-                };
-                let level_i = i32::try_from(level).unwrap_or(i32::MAX);
-                let count = i32::try_from(links.len()).unwrap_or(i32::MAX);
-                let row = tx
-                    .row_opt(
-                        "INSERT INTO memories (id, kind, thread_id, role, content, created_at,
-                            metadata, level, summary_type, time_start, time_end, source_count,
-                            model_id, embedding)
-                         VALUES ($1, 'summary', $2, NULL, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-                         ON CONFLICT (id) DO NOTHING RETURNING rid",
-                        &[
-                            &id.uuid(),
-                            &thread,
-                            &unit.content,
-                            &created,
-                            &serde_json::Value::Object(unit.metadata.clone()),
-                            &level_i,
-                            &summary.summary_type.as_str(),
-                            &start,
-                            &end,
-                            &count,
-                            &model,
-                            &v,
-                        ],
-                    )
-                    .await;
-                // ON CONFLICT DO NOTHING returns no row: the id is taken.
-                let rid: i64 = row
-                    .map_err(pg)?
-                    .ok_or(StoreError::DuplicateId { id })?
-                    .get(0);
-                for (pos, f) in facts.iter().enumerate() {
-                    let pos = i32::try_from(pos).unwrap_or(i32::MAX);
-                    tx.exec(
-                        "INSERT INTO summary_sources (summary, source, position, continues)
-                         VALUES ($1, $2, $3, false)",
-                        &[&rid, &f.0, &pos],
-                    )
-                    .await
-                    .map_err(pg)?;
-                }
-                tx.commit().await.map_err(pg)?;
-                Ok(unit)
-            }
-        })
+        // A summary that continues nothing, with no state: one writer for both.
+        self.continuation(summary, None, None, embedding)
     }
 
     fn get(&self, id: MemoryId) -> Result<MemoryUnit> {

@@ -379,7 +379,8 @@ impl PgStore {
     }
 
     /// A summary of `summary.source_ids` continuing `previous` (linked first, with a
-    /// continuation link that does not raise the level), and `state`, in one transaction.
+    /// continuation link that does not raise the level), and `state`, in one transaction;
+    /// without `previous` and `state`, `add_summary`.
     pub(crate) fn continuation(
         &self,
         summary: NewSummary,
