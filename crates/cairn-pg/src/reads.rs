@@ -104,24 +104,30 @@ pub(crate) async fn vector_ids(
         exact_max,
         ef,
     } = s;
-    // How many memories the filter admits, counted up to the exact-scan bound.
+    // How many memories the filter admits, counted up to the exact-scan bound, and the
+    // planner's estimate of the store's rows (-1 before the table was first analyzed).
     let restricted = !filter.is_empty();
     let admitted = if restricted {
-        let mut q = Query::new("SELECT count(*) FROM (SELECT 1 FROM memories m WHERE TRUE");
+        let mut q = Query::new("SELECT (SELECT count(*) FROM (SELECT 1 FROM memories m WHERE TRUE");
         q.filter(&filter, now);
         q.push(" LIMIT ");
         q.bind(exact_max.saturating_add(1));
-        q.push(") x");
-        let n: i64 = c
-            .row_one(&q.text, &refs(&q.params))
-            .await
-            .map_err(pg)?
-            .get(0);
-        Some(n)
+        q.push(
+            ") x), (SELECT reltuples::bigint FROM pg_class \
+             WHERE oid = 'memories'::regclass)",
+        );
+        let row = c.row_one(&q.text, &refs(&q.params)).await.map_err(pg)?;
+        let (n, rows): (i64, Option<i64>) = (row.get(0), row.get(1));
+        Some((n, rows.unwrap_or(-1)))
     } else {
         None
     };
-    if admitted.is_some_and(|n| n <= exact_max) {
+    // Few admitted rows are scored exactly. A filter that admits most of the store (one
+    // thread of a store that is mostly that thread) walks the index instead: the walk finds
+    // k admitted rows among its first candidates, and a short walk still ends in the exact
+    // scan below.
+    let most = |(n, rows): (i64, i64)| rows > 0 && n.saturating_mul(2) > rows;
+    if admitted.is_some_and(|a| a.0 <= exact_max && !most(a)) {
         let e = exact_query(v, k, &filter, now);
         let rows = c.rows(&e.text, &refs(&e.params)).await.map_err(pg)?;
         return Ok(ranked(&rows));
@@ -336,27 +342,48 @@ impl PgStore {
         filter.validate()?;
         let now = self.now();
         let (filter, times) = (filter.clone(), times.to_vec());
+        // Two statements whatever the number of times: the stretches before every time, then
+        // those from every time on, each a LATERAL index range over the thread.
+        let side = |backwards: bool| {
+            let mut q = Query::new("SELECT x.*, t.n FROM unnest(");
+            q.bind(times.clone());
+            q.push(format!(
+                "::timestamptz[]) WITH ORDINALITY AS t (at, n) CROSS JOIN LATERAL \
+                 (SELECT {TIMELINE_COLS} FROM memories m WHERE TRUE"
+            ));
+            q.filter(&filter, now);
+            if backwards {
+                q.push(" AND m.created_at < t.at ORDER BY m.created_at DESC, m.rid DESC LIMIT ");
+                q.bind(big(before));
+                q.push(") x ORDER BY t.n, x.created_at DESC, x.rid DESC");
+            } else {
+                q.push(" AND m.created_at >= t.at ORDER BY m.created_at, m.rid LIMIT ");
+                q.bind(big(after));
+                q.push(") x ORDER BY t.n, x.created_at, x.rid");
+            }
+            q
+        };
+        let (back, ahead) = (side(true), side(false));
+        let n = times.len();
         self.block(move |c| async move {
-            let mut out = Vec::with_capacity(times.len());
-            for t in times {
-                let mut back =
-                    Query::new(format!("SELECT {TIMELINE_COLS} FROM memories m WHERE TRUE"));
-                back.filter(&filter, now);
-                back.push(" AND m.created_at < ");
-                back.bind(t);
-                back.push(" ORDER BY m.created_at DESC, m.rid DESC LIMIT ");
-                back.bind(big(before));
-                let mut ahead =
-                    Query::new(format!("SELECT {TIMELINE_COLS} FROM memories m WHERE TRUE"));
-                ahead.filter(&filter, now);
-                ahead.push(" AND m.created_at >= ");
-                ahead.bind(t);
-                ahead.push(" ORDER BY m.created_at, m.rid LIMIT ");
-                ahead.bind(big(after));
-                let mut stretch = timeline(&c, &back).await?;
+            let mut out: Vec<Vec<TimelineEntry>> = vec![Vec::new(); n];
+            let at = |r: &Row| usize::try_from(r.get::<_, i64>(4) - 1).unwrap_or(usize::MAX);
+            for r in c.rows(&back.text, &refs(&back.params)).await.map_err(pg)? {
+                if let Some(stretch) = out.get_mut(at(&r)) {
+                    stretch.push(timeline_entry(&r));
+                }
+            }
+            for stretch in &mut out {
                 stretch.reverse();
-                stretch.extend(timeline(&c, &ahead).await?);
-                out.push(stretch);
+            }
+            for r in c
+                .rows(&ahead.text, &refs(&ahead.params))
+                .await
+                .map_err(pg)?
+            {
+                if let Some(stretch) = out.get_mut(at(&r)) {
+                    stretch.push(timeline_entry(&r));
+                }
             }
             Ok(out)
         })

@@ -132,12 +132,16 @@ def _memory_args(content: str, kind, thread, role, speaker, metadata, created_at
 
 
 class MemoryHarness:
-    """A Cairn store. ``embedder`` is ``"minilm"`` (the local model) or ``"hash"``
-    (deterministic and meaningless: for tests of logic)."""
+    """A Cairn store: a SQLite file, or a PostgreSQL URL (``postgres://user@host/db``,
+    optionally ``?schema=NAME``). ``embedder`` is ``"minilm"`` (the local model) or
+    ``"hash"`` (deterministic and meaningless: for tests of logic)."""
 
     def __init__(self, path: str, *, embedder: str = "minilm", cache: bool = True) -> None:
-        # Absolute: the store stays the file it was opened as if the process changes directory.
-        path = os.path.abspath(os.fspath(path))
+        path = os.fspath(path)
+        # A file path is made absolute: the store stays the file it was opened as if the
+        # process changes directory. A PostgreSQL URL is passed as it is.
+        if not path.startswith(("postgres://", "postgresql://")):
+            path = os.path.abspath(path)
         try:
             self._h = _cairn.Harness(path, embedder, cache)
         except _cairn.Error as e:
