@@ -29,8 +29,12 @@ def script(h: cairn.MemoryHarness, start) -> list:
     seen.append([m["content"] for m in h.summaries_of(ids[0])])
     report = h.consolidate(older_than="1h", thread="t")
     seen.append((report["memories_covered"], report["summaries_per_level"]))
-    for mode in ("vector", "keyword", "hybrid"):
-        seen.append([x["content"] for x in h.search("violin detail", k=4, mode=mode, thread="t")])
+    # Vector scores agree to float precision (ties may come in either order); keyword
+    # scores are each backend's own (BM25 against ts_rank): the memories found must agree.
+    hits = h.search("violin detail", k=4, mode="vector", thread="t")
+    seen.append(sorted((round(x["score"], 4), x["content"]) for x in hits))
+    for mode in ("keyword", "hybrid"):
+        seen.append(sorted(x["content"] for x in h.search("violin", k=4, mode=mode, thread="t")))
     ctx = h.assemble_context("t", "What did Bo say about chess?", budget=300)
     seen.append(ctx["text"])
     seen.append([m["content"] for m in h.recent("t", 3)])
