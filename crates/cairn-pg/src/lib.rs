@@ -1100,21 +1100,7 @@ impl MemoryBackend for PgStore {
     }
 
     fn get_many(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
-        let uuids: Vec<uuid::Uuid> = ids.iter().map(MemoryId::uuid).collect();
-        let found: HashMap<MemoryId, MemoryUnit> = self.block(move |c| async move {
-            let rows = c
-                .rows(
-                    &format!("SELECT {COLS} FROM memories m WHERE m.id = ANY($1)"),
-                    &[&uuids],
-                )
-                .await
-                .map_err(pg)?;
-            Ok(units(&c, &rows)
-                .await?
-                .into_iter()
-                .map(|u| (u.id, u))
-                .collect())
-        })?;
+        let found = self.fetch(ids)?;
         ids.iter()
             .map(|id| {
                 found

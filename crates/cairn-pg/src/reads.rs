@@ -255,10 +255,10 @@ async fn timeline<C: GenericClient + Sync>(c: &C, q: &Query) -> Result<Vec<Timel
 }
 
 impl PgStore {
-    /// See [`cairn_store::MemoryBackend::get_found`].
-    pub(crate) fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+    /// The stored memories among `ids`, by id (one statement; unknown ids are absent).
+    pub(crate) fn fetch(&self, ids: &[MemoryId]) -> Result<HashMap<MemoryId, MemoryUnit>> {
         let uuids: Vec<uuid::Uuid> = ids.iter().map(MemoryId::uuid).collect();
-        let mut found: HashMap<MemoryId, MemoryUnit> = self.block(move |c| async move {
+        self.block(move |c| async move {
             let rows = c
                 .rows(
                     &format!("SELECT {COLS} FROM memories m WHERE m.id = ANY($1)"),
@@ -271,7 +271,12 @@ impl PgStore {
                 .into_iter()
                 .map(|u| (u.id, u))
                 .collect())
-        })?;
+        })
+    }
+
+    /// See [`cairn_store::MemoryBackend::get_found`].
+    pub(crate) fn get_found(&self, ids: &[MemoryId]) -> Result<Vec<MemoryUnit>> {
+        let mut found = self.fetch(ids)?;
         Ok(ids.iter().filter_map(|id| found.remove(id)).collect())
     }
 
@@ -487,18 +492,8 @@ impl PgStore {
         filter: &Filter,
         ef: Option<usize>,
     ) -> Result<Vec<(u64, f32)>> {
-        filter.validate()?;
-        let v = self.prepare_vector(query)?;
-        if k == 0 {
+        let Some(s) = self.vector_search(query, k, filter, ef)? else {
             return Ok(Vec::new());
-        }
-        let s = VectorSearch {
-            v,
-            k: big(k),
-            filter: filter.clone(),
-            now: self.now(),
-            exact_max: self.options.exact_scan_max.max(0),
-            ef,
         };
         self.block(move |mut c| async move { vector_ids(&mut c, s).await })
     }
@@ -510,23 +505,36 @@ impl PgStore {
         k: usize,
         filter: &Filter,
     ) -> Result<Vec<Hit>> {
-        filter.validate()?;
-        let v = self.prepare_vector(query)?;
-        if k == 0 {
+        let Some(s) = self.vector_search(query, k, filter, None)? else {
             return Ok(Vec::new());
-        }
-        let s = VectorSearch {
-            v,
-            k: big(k),
-            filter: filter.clone(),
-            now: self.now(),
-            exact_max: self.options.exact_scan_max.max(0),
-            ef: None,
         };
         self.block(move |mut c| async move {
             let found = vector_ids(&mut c, s).await?;
             hits_of(&c, found).await
         })
+    }
+
+    /// A checked vector search (`None` when `k` is 0: nothing to find).
+    fn vector_search(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Option<VectorSearch>> {
+        filter.validate()?;
+        let v = self.prepare_vector(query)?;
+        if k == 0 {
+            return Ok(None);
+        }
+        Ok(Some(VectorSearch {
+            v,
+            k: big(k),
+            filter: filter.clone(),
+            now: self.now(),
+            exact_max: self.options.exact_scan_max.max(0),
+            ef,
+        }))
     }
 
     /// See [`cairn_store::MemoryBackend::search_vector_ids_exact`].
