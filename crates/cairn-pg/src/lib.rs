@@ -414,16 +414,30 @@ async fn rid_of<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64> {
 }
 
 async fn summary_rid<C: GenericClient + Sync>(c: &C, id: MemoryId) -> Result<i64> {
+    rid_checked(c, id, true, false).await
+}
+
+/// The row id of memory `id` ([`StoreError::NotFound`] without one;
+/// [`StoreError::NotASummary`] when `summary` and it is not one), its row locked until the
+/// transaction ends when `lock`.
+pub(crate) async fn rid_checked<C: GenericClient + Sync>(
+    c: &C,
+    id: MemoryId,
+    summary: bool,
+    lock: bool,
+) -> Result<i64> {
+    let sql = if lock {
+        "SELECT rid, kind FROM memories WHERE id = $1 FOR UPDATE"
+    } else {
+        "SELECT rid, kind FROM memories WHERE id = $1"
+    };
     let row = c
-        .row_opt(
-            "SELECT rid, kind FROM memories WHERE id = $1",
-            &[&id.uuid()],
-        )
+        .row_opt(sql, &[&id.uuid()])
         .await
         .map_err(pg)?
         .ok_or(StoreError::NotFound { id })?;
     let kind: String = row.get(1);
-    if kind != MemoryKind::Summary.as_str() {
+    if summary && kind != MemoryKind::Summary.as_str() {
         return Err(StoreError::NotASummary { id });
     }
     Ok(row.get(0))

@@ -175,10 +175,15 @@ pub(crate) async fn vector_ids(
     Ok(ranked(&rows))
 }
 
-/// Keyword search as (rid, `ts_rank` score), best first: memories holding any stemmed word
-/// of `query` (each quoted, so punctuation and operators are never tsquery syntax); with
+/// Keyword search as (rid, BM25 score), best first: memories holding any stemmed word of
+/// `query` (each quoted, so punctuation and operators are never tsquery syntax); with
 /// `cap`, only the words fewer than `cap` memories hold (counted up to `cap` in the GIN
 /// index).
+///
+/// The score is FTS5's `bm25()` with its defaults (k1 = 1.2, b = 0.75, an idf of
+/// ln((N - n + 0.5) / (n + 0.5)) floored at 1e-6), so both backends rank alike: n is the
+/// number of memories holding the word (counted in the GIN index), N and the mean length
+/// come from `fts_stats`, and a memory's length is its count of indexed tokens.
 pub(crate) fn keyword_query(
     query: &str,
     cap: Option<i64>,
@@ -187,28 +192,43 @@ pub(crate) fn keyword_query(
     now: DateTime<Utc>,
 ) -> Query {
     let mut q = Query::new(
-        "WITH q AS (SELECT (SELECT string_agg('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''', ' | ')
+        "WITH w AS (SELECT x AS lexeme,
+                ('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''') AS quoted
             FROM unnest(tsvector_to_array(to_tsvector('english', ",
     );
     q.bind(query.to_owned());
-    q.push("))) AS x");
+    q.push(
+        "))) x),
+         s AS (SELECT greatest(sum(docs), 1)::float8 AS n,
+                      greatest(sum(tokens), 1)::float8 / greatest(sum(docs), 1) AS avgdl
+                 FROM fts_stats),
+         d AS (SELECT w.lexeme, w.quoted, (SELECT count(*) FROM (SELECT 1 FROM memories o
+                  WHERE o.fts @@ w.quoted::tsquery",
+    );
     if let Some(cap) = cap {
-        q.push(
-            " WHERE (SELECT count(*) FROM (SELECT 1 FROM memories o
-                WHERE o.fts @@ ('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''')::tsquery
-                LIMIT ",
-        );
+        q.push(" LIMIT ");
         let at = q.bind(cap);
-        q.push(") n) < ");
+        q.push(") c) AS df FROM w), i AS (SELECT d.lexeme, d.quoted, d.df FROM d WHERE d.df < ");
         q.push(&at);
+        q.push(")");
+    } else {
+        q.push(") c) AS df FROM w), i AS (SELECT d.lexeme, d.quoted, d.df FROM d)");
     }
     q.push(
-        ")::tsquery AS q)
-         SELECT m.rid, ts_rank(m.fts, q.q, 1)::float8 AS score FROM memories m, q
-         WHERE q.q IS NOT NULL AND m.fts @@ q.q",
+        ",
+         q AS (SELECT (SELECT string_agg(quoted, ' | ') FROM i)::tsquery AS q)
+         SELECT m.rid, sum(greatest(ln((s.n - i.df + 0.5) / (i.df + 0.5)), 1e-6)
+                   * u.tf * 2.2 / (u.tf + 1.2 * (0.25 + 0.75 * l.dl / s.avgdl)))::float8 AS score
+           FROM memories m CROSS JOIN q CROSS JOIN s
+           CROSS JOIN LATERAL (SELECT cairn_doclen(m.fts)::float8 AS dl) l
+           CROSS JOIN LATERAL (SELECT e.lexeme,
+                                      coalesce(array_length(e.positions, 1), 1)::float8 AS tf
+                                 FROM unnest(m.fts) e) u
+           JOIN i ON i.lexeme = u.lexeme
+          WHERE q.q IS NOT NULL AND m.fts @@ q.q",
     );
     q.filter(filter, now);
-    q.push(" ORDER BY score DESC, m.rid LIMIT ");
+    q.push(" GROUP BY m.rid ORDER BY score DESC, m.rid LIMIT ");
     q.bind(big(k));
     q
 }
@@ -419,16 +439,26 @@ impl PgStore {
         Ok((page, more))
     }
 
-    /// See [`cairn_store::MemoryBackend::thread_speakers`].
+    /// See [`cairn_store::MemoryBackend::thread_speakers`]: a skip scan over the thread's
+    /// speaker index, one probe per distinct speaker however long the thread.
     pub(crate) fn thread_speakers(&self, thread: &ThreadId) -> Result<Vec<String>> {
         let t = thread.as_str().to_owned();
         self.block(move |c| async move {
             let rows = c
                 .rows(
-                    "SELECT DISTINCT (metadata ->> 'speaker') COLLATE \"C\" AS s FROM memories
-                      WHERE thread_id = $1 AND jsonb_typeof(metadata -> 'speaker') = 'string'
-                        AND metadata ->> 'speaker' <> ''
-                      ORDER BY s",
+                    "WITH RECURSIVE s(v) AS (
+                        (SELECT (metadata ->> 'speaker') COLLATE \"C\" FROM memories
+                          WHERE thread_id = $1 AND jsonb_typeof(metadata -> 'speaker') = 'string'
+                            AND (metadata ->> 'speaker') COLLATE \"C\" > ''
+                          ORDER BY 1 LIMIT 1)
+                        UNION ALL
+                        SELECT (SELECT (m.metadata ->> 'speaker') COLLATE \"C\" FROM memories m
+                                 WHERE m.thread_id = $1
+                                   AND jsonb_typeof(m.metadata -> 'speaker') = 'string'
+                                   AND (m.metadata ->> 'speaker') COLLATE \"C\" > s.v
+                                 ORDER BY 1 LIMIT 1)
+                          FROM s WHERE s.v IS NOT NULL)
+                     SELECT v FROM s WHERE v IS NOT NULL",
                     &[&t],
                 )
                 .await

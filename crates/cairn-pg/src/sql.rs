@@ -12,7 +12,7 @@ use cairn_store::{Filter, MetaFilter, Result, StoreError};
 use crate::{pg, Param, PgOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Columns read for a memory, in the order [`decode`] expects (alias `m`).
 pub const COLS: &str = "m.rid, m.id, m.kind, m.thread_id, m.role, m.content, m.created_at, \
@@ -20,8 +20,16 @@ pub const COLS: &str = "m.rid, m.id, m.kind, m.thread_id, m.role, m.content, m.c
      m.expires_at, m.valid_from, m.valid_to, (SELECT o.id FROM memories o WHERE o.rid = m.supersedes)";
 
 /// Migration `i` moves a store from version `i` to `i + 1`; `{dim}` is the embedding
-/// dimension.
-const MIGRATIONS: &[&str] = &[r#"
+/// dimension, `{schema}` the store's schema.
+///
+/// Version 2 keeps the collection statistics BM25 needs (memories and their token count)
+/// in `fts_stats`: statement triggers append one row of deltas per write statement, so
+/// concurrent writers never wait on each other, and every 64th row folds the committed ones
+/// into one (rows locked by another folder are skipped). It also indexes each thread's
+/// speakers for the skip scan of `thread_speakers`, and each thread's memories by kind and
+/// level (a thread's summaries, its turn count) so those reads skip the thread's other rows.
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE memories (
     rid          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     id           uuid NOT NULL UNIQUE,
@@ -66,7 +74,60 @@ CREATE TABLE thread_state (
     value     text NOT NULL,
     PRIMARY KEY (thread_id, name)
 );
-"#];
+"#,
+    r#"
+CREATE FUNCTION {schema}.cairn_doclen(tsvector) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT
+    AS $$ SELECT coalesce(sum(coalesce(array_length(positions, 1), 1)), 0)::bigint FROM unnest($1) $$;
+CREATE TABLE fts_stats (
+    id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    docs   bigint NOT NULL,
+    tokens bigint NOT NULL
+);
+INSERT INTO fts_stats (docs, tokens)
+    SELECT count(*), coalesce(sum({schema}.cairn_doclen(fts)), 0) FROM memories;
+CREATE FUNCTION {schema}.cairn_fts_stats() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    d bigint := 0;
+    t bigint := 0;
+    r bigint;
+BEGIN
+    IF TG_OP <> 'DELETE' THEN
+        SELECT count(*), coalesce(sum({schema}.cairn_doclen(fts)), 0) INTO d, t FROM new_rows;
+    END IF;
+    IF TG_OP <> 'INSERT' THEN
+        SELECT d - count(*), t - coalesce(sum({schema}.cairn_doclen(fts)), 0) INTO d, t
+            FROM old_rows;
+    END IF;
+    IF d <> 0 OR t <> 0 THEN
+        INSERT INTO {schema}.fts_stats (docs, tokens) VALUES (d, t) RETURNING id INTO r;
+        IF r % 64 = 0 THEN
+            WITH gone AS (
+                DELETE FROM {schema}.fts_stats WHERE id IN (
+                    SELECT id FROM {schema}.fts_stats FOR UPDATE SKIP LOCKED)
+                RETURNING docs, tokens)
+            INSERT INTO {schema}.fts_stats (docs, tokens)
+                SELECT sum(docs), sum(tokens) FROM gone HAVING count(*) > 0;
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER memories_fts_stats_insert AFTER INSERT ON memories
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.cairn_fts_stats();
+CREATE TRIGGER memories_fts_stats_update AFTER UPDATE ON memories
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.cairn_fts_stats();
+CREATE TRIGGER memories_fts_stats_delete AFTER DELETE ON memories
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.cairn_fts_stats();
+CREATE INDEX memories_thread_kind_level ON memories (thread_id, kind, level);
+CREATE INDEX memories_thread_speaker
+    ON memories (thread_id, (metadata ->> 'speaker') COLLATE "C")
+    WHERE jsonb_typeof(metadata -> 'speaker') = 'string';
+"#,
+];
 
 /// Creates the extension and schema when missing, migrates the store to
 /// [`SCHEMA_VERSION`] and checks its model, all in one transaction under an advisory lock
@@ -104,6 +165,7 @@ async fn meta(c: &deadpool_postgres::Object, key: &str) -> Result<Option<String>
 }
 
 async fn migrate_locked(c: &deadpool_postgres::Object, o: &PgOptions) -> Result<()> {
+    let schema = &o.schema;
     let version: i64 = meta(c, "schema_version")
         .await?
         .map(|v| v.parse().unwrap_or(i64::MAX))
@@ -134,9 +196,12 @@ async fn migrate_locked(c: &deadpool_postgres::Object, o: &PgOptions) -> Result<
         .enumerate()
         .skip(usize::try_from(version).unwrap_or(0))
     {
-        c.batch_execute(&m.replace("{dim}", &o.dim.to_string()))
-            .await
-            .map_err(pg)?;
+        c.batch_execute(
+            &m.replace("{dim}", &o.dim.to_string())
+                .replace("{schema}", schema),
+        )
+        .await
+        .map_err(pg)?;
         let v = (i + 1).to_string();
         c.execute(
             "INSERT INTO cairn_meta (key, value) VALUES ('schema_version', $1)

@@ -24,8 +24,8 @@ use cairn_store::{NewSummary, Result, StoreError, ThreadState};
 
 use crate::sql::COLS;
 use crate::{
-    ancestor_rids, get_unit, is_unique_violation, pg, refresh_summaries, summary_rid, units,
-    Cached, PgStore,
+    ancestor_rids, get_unit, is_unique_violation, pg, refresh_summaries, rid_checked, summary_rid,
+    units, Cached, PgStore,
 };
 
 /// Rows read per query while a backup streams.
@@ -175,19 +175,7 @@ impl PgStore {
         let model = self.options.model_id.clone();
         self.block(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg)?;
-            let row = tx
-                .row_opt(
-                    "SELECT rid, kind FROM memories WHERE id = $1 FOR UPDATE",
-                    &[&id.uuid()],
-                )
-                .await
-                .map_err(pg)?
-                .ok_or(StoreError::NotFound { id })?;
-            let rid: i64 = row.get(0);
-            let kind: String = row.get(1);
-            if refresh && kind != MemoryKind::Summary.as_str() {
-                return Err(StoreError::NotASummary { id });
-            }
+            let rid = rid_checked(&tx, id, refresh, true).await?;
             let meta = metadata.map(serde_json::Value::Object);
             tx.exec(
                 "UPDATE memories SET content = $2, embedding = $3,
@@ -240,11 +228,8 @@ impl PgStore {
         }
         self.block(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg)?;
-            let rid = summary_rid(&tx, summary).await?;
             // Locked: two growths of one summary would take the same positions.
-            tx.exec("SELECT 1 FROM memories WHERE rid = $1 FOR UPDATE", &[&rid])
-                .await
-                .map_err(pg)?;
+            let rid = rid_checked(&tx, summary, true, true).await?;
             let summary_thread = thread_of(&tx, rid).await?;
             let ancestors = ancestor_rids(&tx, rid).await?;
             let above: HashSet<i64> = ancestors.iter().copied().collect();

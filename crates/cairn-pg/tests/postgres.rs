@@ -375,3 +375,180 @@ fn sigkill_mid_write_loses_nothing_acknowledged() {
     }
     store.drop_schema().unwrap();
 }
+
+/// Runs `text` on the store's schema with a connection of its own; the rows' first two
+/// columns as integers.
+fn sql(o: &PgOptions, text: &str) -> Vec<(i64, i64)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&o.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c.batch_execute(&format!("SET search_path = {}, public", o.schema))
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for m in c.simple_query(text).await.unwrap() {
+            if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+                let n = |i: usize| r.get(i).map_or(0, |v| v.parse::<i64>().unwrap());
+                out.push((n(0), if r.len() > 1 { n(1) } else { 0 }));
+            }
+        }
+        out
+    })
+}
+
+/// The BM25 statistics (memories, tokens) as kept, and as recounted from the rows.
+fn fts_stats(o: &PgOptions) -> ((i64, i64), (i64, i64)) {
+    let kept = sql(o, "SELECT sum(docs), sum(tokens) FROM fts_stats")[0];
+    let counted = sql(
+        o,
+        "SELECT count(*), coalesce(sum(cairn_doclen(fts)), 0) FROM memories",
+    )[0];
+    (kept, counted)
+}
+
+/// The statistics BM25 ranks with stay exact through every kind of write, from two
+/// processes' worth of writers at once, and their rows are folded as they accumulate.
+#[test]
+fn bm25_statistics_follow_every_write() {
+    let o = options();
+    let store = PgStore::open(o.clone()).unwrap();
+    let t = thread("stats");
+    let turns = store
+        .insert_batch(
+            (0..40u64)
+                .map(|i| {
+                    let text = format!("turn {i} about the garden and the {i} roses");
+                    (
+                        NewMemory::conversational(t.clone(), cairn_core::Role::User, text),
+                        vector(i),
+                    )
+                })
+                .collect(),
+        )
+        .unwrap();
+    let s = store
+        .add_summary(
+            cairn_store::NewSummary::new(
+                "the garden, summed up",
+                turns[..10].iter().map(|m| m.id).collect(),
+            )
+            .with_thread(Some(t.clone())),
+            vector(100),
+        )
+        .unwrap();
+    store
+        .update(
+            turns[3].id,
+            "a much longer text than before, with many more words to count".into(),
+            None,
+            vector(3),
+        )
+        .unwrap();
+    let mut patch = cairn_core::Metadata::new();
+    patch.insert("speaker".into(), json!("Ann"));
+    store.patch_metadata(turns[20].id, patch).unwrap();
+    store
+        .delete_many(
+            &turns[30..35].iter().map(|m| m.id).collect::<Vec<_>>(),
+            cairn_store::DeletePolicy::Restrict,
+        )
+        .unwrap();
+    store
+        .delete(s.id, cairn_store::DeletePolicy::Restrict)
+        .unwrap();
+    let (kept, counted) = fts_stats(&o);
+    assert_eq!(kept, counted);
+    // Two writers at once, one statement each per memory: 2 x 80 delta rows, folded.
+    std::thread::scope(|scope| {
+        for w in 0..2u64 {
+            let o = o.clone();
+            let t = t.clone();
+            scope.spawn(move || {
+                let store = PgStore::open(o).unwrap();
+                for i in 0..80u64 {
+                    store
+                        .insert(
+                            NewMemory::conversational(
+                                t.clone(),
+                                cairn_core::Role::Assistant,
+                                format!("writer {w} line {i} on tulips"),
+                            ),
+                            vector(1_000 + w * 100 + i),
+                        )
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let (kept, counted) = fts_stats(&o);
+    assert_eq!(kept, counted);
+    assert_eq!(counted.0, 40 - 5 + 160);
+    let rows = sql(&o, "SELECT count(*) FROM fts_stats")[0].0;
+    assert!(
+        rows < 100,
+        "{rows} delta rows: they are folded as they come"
+    );
+    store.drop_schema().unwrap();
+}
+
+/// A store written by schema version 1 (no BM25 statistics, no speaker index) is migrated
+/// on open: the statistics are counted from its rows and speakers are read through the index.
+#[test]
+fn version_1_stores_migrate_to_version_2() {
+    let o = options();
+    let store = PgStore::open(o.clone()).unwrap();
+    let t = thread("old");
+    let mut items = Vec::new();
+    for i in 0..30u64 {
+        let mut meta = cairn_core::Metadata::new();
+        meta.insert(
+            "speaker".into(),
+            json!(["Ann", "Bob", "Cy"][usize::try_from(i % 3).unwrap()]),
+        );
+        items.push((
+            NewMemory::conversational(t.clone(), cairn_core::Role::User, format!("line {i} hello"))
+                .with_metadata(meta),
+            vector(i),
+        ));
+    }
+    store.insert_batch(items).unwrap();
+    drop(store);
+    // Back to version 1, as a build of that version left it.
+    sql(
+        &o,
+        "DROP TRIGGER memories_fts_stats_insert ON memories;
+         DROP TRIGGER memories_fts_stats_update ON memories;
+         DROP TRIGGER memories_fts_stats_delete ON memories;
+         DROP FUNCTION cairn_fts_stats(); DROP TABLE fts_stats;
+         DROP INDEX memories_thread_speaker; DROP INDEX memories_thread_kind_level;
+         DROP FUNCTION cairn_doclen(tsvector);
+         UPDATE cairn_meta SET value = '1' WHERE key = 'schema_version';",
+    );
+    let store = PgStore::open(o.clone()).unwrap();
+    assert_eq!(
+        sql(
+            &o,
+            "SELECT value::bigint FROM cairn_meta WHERE key = 'schema_version'"
+        )[0]
+        .0,
+        2
+    );
+    let (kept, counted) = fts_stats(&o);
+    assert_eq!(kept, counted);
+    assert_eq!(kept.0, 30);
+    assert_eq!(store.thread_speakers(&t).unwrap(), vec!["Ann", "Bob", "Cy"]);
+    assert_eq!(
+        store
+            .search_keyword("hello", 50, &Filter::all())
+            .unwrap()
+            .len(),
+        30
+    );
+    store.drop_schema().unwrap();
+}

@@ -30,7 +30,7 @@ def script(h: cairn.MemoryHarness, start) -> list:
     report = h.consolidate(older_than="1h", thread="t")
     seen.append((report["memories_covered"], report["summaries_per_level"]))
     # Vector scores agree to float precision (ties may come in either order); keyword
-    # scores are each backend's own (BM25 against ts_rank): the memories found must agree.
+    # scores are each backend's BM25 over its own stemmer: the memories found must agree.
     hits = h.search("violin detail", k=4, mode="vector", thread="t")
     seen.append(sorted((round(x["score"], 4), x["content"]) for x in hits))
     for mode in ("keyword", "hybrid"):
@@ -55,3 +55,13 @@ def test_a_postgres_url_answers_as_a_sqlite_file(pg_url, tmp_path, past):
     # Another schema is another store.
     other = cairn.MemoryHarness(pg_url + "?schema=py_other", embedder="hash")
     assert other.stats()["store"]["total"] == 0
+
+
+def test_the_repr_of_a_postgres_store_leaves_out_the_password(pg_url):
+    # The test server trusts local connections, so any password opens the store.
+    url = pg_url.replace("://cairn@", "://cairn:s3cret@", 1) + "?schema=py_repr"
+    assert "s3cret" in url
+    h = cairn.MemoryHarness(url, embedder="hash")
+    assert h.path == url
+    assert "s3cret" not in repr(h)
+    assert repr(h) == f"MemoryHarness({(pg_url + '?schema=py_repr')!r})"

@@ -58,7 +58,8 @@ macro_rules! conformance_suite {
             rows_round_trip, batches_are_atomic, keyed_retries_are_idempotent,
             summaries_link_both_ways, link_rules_write_nothing,
             vector_search_is_exact_at_small_sizes, filtered_vector_search_returns_k,
-            keyword_search_matches_any_word, recent_and_threads, delete_policies,
+            keyword_search_matches_any_word, keyword_ranking_is_bm25, recent_and_threads,
+            delete_policies,
             metadata_filters, lifetimes, paging_lists_each_memory_once, metadata_patches,
             thread_state_round_trips, versions_reads_and_expiry,
             // Context reads by index id (conformance/spans.rs).
@@ -574,6 +575,74 @@ pub fn keyword_search_matches_any_word(b: &dyn MemoryBackend) {
         )
         .unwrap();
     assert!(hits.iter().any(|h| h.memory.id == stored[4].id));
+}
+
+/// FTS5's `bm25()` of one memory for one query word, as the keyword checks expect it.
+fn bm25(n: f64, df: f64, tf: f64, dl: f64, avgdl: f64) -> f64 {
+    let idf = ((n - df + 0.5) / (df + 0.5)).ln().max(1e-6);
+    idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * dl / avgdl))
+}
+
+/// Keyword hits are ranked by BM25 over the whole store: a rare word outweighs a common
+/// one, a short memory outranks a long one, and the collection statistics follow deletes.
+/// The scores equal FTS5's `bm25()` (negated: higher is better) on every backend.
+pub fn keyword_ranking_is_bm25(b: &dyn MemoryBackend) {
+    let filler = (0..30)
+        .map(|i| format!("filler{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut texts = vec!["apple".to_owned()];
+    texts.extend((1..=12).map(|_| "apple orchard".to_owned()));
+    texts.push("zebra".to_owned());
+    texts.push(format!("zebra {filler}"));
+    let stored = b
+        .insert_batch(
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (turn("bm", i as i64, s), vector(i as u64)))
+                .collect(),
+        )
+        .unwrap();
+    let (z1, z2, a0) = (stored[13].id, stored[14].id, stored[0].id);
+    let close = |got: f32, want: f64| {
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-4 * want.abs().max(1e-3),
+            "score {got}, BM25 {want}"
+        );
+    };
+    // 15 memories of 57 tokens; "apple" in 13 of them, "zebra" in 2.
+    let hits = b.search_keyword("apple zebra", 3, &Filter::all()).unwrap();
+    assert_eq!(
+        hits.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+        vec![z1, z2, a0],
+        "the rare word first, the short memory before the long one"
+    );
+    let avgdl = 57.0 / 15.0;
+    close(hits[0].score, bm25(15.0, 2.0, 1.0, 1.0, avgdl));
+    close(hits[1].score, bm25(15.0, 2.0, 1.0, 31.0, avgdl));
+    close(hits[2].score, bm25(15.0, 13.0, 1.0, 1.0, avgdl));
+    // Deleting ten "apple orchard" memories leaves 5 memories of 37 tokens.
+    let gone: Vec<MemoryId> = stored[1..=10].iter().map(|m| m.id).collect();
+    b.delete_many(&gone, DeletePolicy::Restrict).unwrap();
+    let hits = b
+        .search_keyword("zebra orchard", 10, &Filter::all())
+        .unwrap();
+    let avgdl = 37.0 / 5.0;
+    assert_eq!(hits.len(), 4);
+    assert_eq!(hits[0].memory.id, z1);
+    close(hits[0].score, bm25(5.0, 2.0, 1.0, 1.0, avgdl));
+    let orchard = hits.iter().find(|h| h.memory.id == stored[11].id).unwrap();
+    close(orchard.score, bm25(5.0, 2.0, 1.0, 2.0, avgdl));
+    // The capped search leaves out words more memories hold than the cap.
+    let capped = b
+        .search_keyword_ids_capped("zebra apple", 10, &Filter::all(), 2)
+        .unwrap();
+    assert_eq!(
+        capped.len(),
+        2,
+        "apple (3 memories) is over the cap, zebra (2) is not"
+    );
 }
 
 /// `recent` returns the newest memories a filter admits, oldest first; `threads` lists
