@@ -183,7 +183,8 @@ pub(crate) async fn vector_ids(
 /// The score is FTS5's `bm25()` with its defaults (k1 = 1.2, b = 0.75, an idf of
 /// ln((N - n + 0.5) / (n + 0.5)) floored at 1e-6), so both backends rank alike: n is the
 /// number of memories holding the word (counted in the GIN index), N and the mean length
-/// come from `fts_stats`, and a memory's length is its count of indexed tokens.
+/// come from `fts_stats`, and a memory's length is its count of indexed tokens. Each
+/// matching memory's lexemes are read once, for its length and its query words' counts.
 pub(crate) fn keyword_query(
     query: &str,
     cap: Option<i64>,
@@ -202,33 +203,36 @@ pub(crate) fn keyword_query(
          s AS (SELECT greatest(sum(docs), 1)::float8 AS n,
                       greatest(sum(tokens), 1)::float8 / greatest(sum(docs), 1) AS avgdl
                  FROM fts_stats),
-         d AS (SELECT w.lexeme, w.quoted, (SELECT count(*) FROM (SELECT 1 FROM memories o
-                  WHERE o.fts @@ w.quoted::tsquery",
+         i AS (SELECT w.lexeme, w.quoted,
+                      greatest(ln((s.n - c.df + 0.5) / (c.df + 0.5)), 1e-6) AS idf
+                 FROM w CROSS JOIN s
+                 CROSS JOIN LATERAL (SELECT count(*)::float8 AS df FROM (SELECT 1 FROM memories o
+                     WHERE o.fts @@ w.quoted::tsquery",
     );
     if let Some(cap) = cap {
         q.push(" LIMIT ");
         let at = q.bind(cap);
-        q.push(") c) AS df FROM w), i AS (SELECT d.lexeme, d.quoted, d.df FROM d WHERE d.df < ");
+        q.push(") c) c WHERE c.df < ");
         q.push(&at);
         q.push(")");
     } else {
-        q.push(") c) AS df FROM w), i AS (SELECT d.lexeme, d.quoted, d.df FROM d)");
+        q.push(") c) c)");
     }
     q.push(
         ",
          q AS (SELECT (SELECT string_agg(quoted, ' | ') FROM i)::tsquery AS q)
-         SELECT m.rid, sum(greatest(ln((s.n - i.df + 0.5) / (i.df + 0.5)), 1e-6)
-                   * u.tf * 2.2 / (u.tf + 1.2 * (0.25 + 0.75 * l.dl / s.avgdl)))::float8 AS score
-           FROM memories m CROSS JOIN q CROSS JOIN s
-           CROSS JOIN LATERAL (SELECT cairn_doclen(m.fts)::float8 AS dl) l
-           CROSS JOIN LATERAL (SELECT e.lexeme,
-                                      coalesce(array_length(e.positions, 1), 1)::float8 AS tf
-                                 FROM unnest(m.fts) e) u
-           JOIN i ON i.lexeme = u.lexeme
+         SELECT m.rid, sc.score FROM memories m CROSS JOIN q CROSS JOIN s
+           CROSS JOIN LATERAL (
+             SELECT sum(i.idf * t.tf * 2.2
+                        / (t.tf + 1.2 * (0.25 + 0.75 * t.dl / s.avgdl)))::float8 AS score
+               FROM (SELECT e.lexeme, coalesce(array_length(e.positions, 1), 1)::float8 AS tf,
+                            sum(coalesce(array_length(e.positions, 1), 1)) OVER ()::float8 AS dl
+                       FROM unnest(m.fts) e) t
+               JOIN i ON i.lexeme = t.lexeme) sc
           WHERE q.q IS NOT NULL AND m.fts @@ q.q",
     );
     q.filter(filter, now);
-    q.push(" GROUP BY m.rid ORDER BY score DESC, m.rid LIMIT ");
+    q.push(" ORDER BY sc.score DESC, m.rid LIMIT ");
     q.bind(big(k));
     q
 }
