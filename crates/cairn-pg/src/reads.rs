@@ -104,18 +104,22 @@ pub(crate) async fn vector_ids(
         exact_max,
         ef,
     } = s;
-    // How many memories the filter admits, counted up to the exact-scan bound, and the
-    // planner's estimate of the store's rows (-1 before the table was first analyzed).
+    // How many memories the filter admits, and the planner's estimate of the store's rows
+    // (-1 before the table was first analyzed). The count stops where the choice below is
+    // made: past the exact-scan bound, or past half the store's rows.
     let restricted = !filter.is_empty();
     let admitted = if restricted {
-        let mut q = Query::new("SELECT (SELECT count(*) FROM (SELECT 1 FROM memories m WHERE TRUE");
-        q.filter(&filter, now);
-        q.push(" LIMIT ");
-        q.bind(exact_max.saturating_add(1));
-        q.push(
-            ") x), (SELECT reltuples::bigint FROM pg_class \
-             WHERE oid = 'memories'::regclass)",
+        let mut q = Query::new(
+            "WITH r AS (SELECT reltuples::bigint AS n FROM pg_class \
+             WHERE oid = 'memories'::regclass)
+             SELECT (SELECT count(*) FROM (SELECT 1 FROM memories m WHERE TRUE",
         );
+        q.filter(&filter, now);
+        q.push(" LIMIT (SELECT CASE WHEN r.n > 0 THEN least(");
+        let max = q.bind(exact_max.saturating_add(1));
+        q.push(", r.n / 2 + 1) ELSE ");
+        q.push(&max);
+        q.push(" END FROM r)) x), (SELECT n FROM r)");
         let row = c.row_one(&q.text, &refs(&q.params)).await.map_err(pg)?;
         let (n, rows): (i64, Option<i64>) = (row.get(0), row.get(1));
         Some((n, rows.unwrap_or(-1)))
