@@ -552,3 +552,65 @@ fn version_1_stores_migrate_to_version_2() {
     );
     store.drop_schema().unwrap();
 }
+
+/// Folding the statistics' delta rows never fails a write, even in a repeatable-read
+/// transaction whose snapshot still holds rows another writer has folded since.
+#[test]
+fn folding_statistics_never_fails_a_write() {
+    let o = options();
+    let store = PgStore::open(o.clone()).unwrap();
+    let v = format!(
+        "[{}]",
+        vector(1)
+            .iter()
+            .map(f32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let insert = format!(
+        "INSERT INTO memories (id, kind, content, created_at, model_id, embedding)
+         VALUES (gen_random_uuid(), 'knowledge', 'a fact about otters', now(), 'pg-tests', '{v}')"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let connect = || async {
+            let (c, conn) = tokio_postgres::connect(&o.url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            c.batch_execute(&format!("SET search_path = {}, public", o.schema))
+                .await
+                .unwrap();
+            c
+        };
+        let a = connect().await;
+        let b = connect().await;
+        a.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM fts_stats")
+            .await
+            .unwrap();
+        // B writes until its delta row 64 folds every committed row, A's snapshot's included.
+        loop {
+            b.batch_execute(&insert).await.unwrap();
+            let last: i64 = b
+                .query_one("SELECT max(id) FROM fts_stats", &[])
+                .await
+                .unwrap()
+                .get(0);
+            if last > 64 {
+                break;
+            }
+        }
+        // A's next delta row is a folding one; the rows it would fold are gone.
+        a.batch_execute("SELECT setval(pg_get_serial_sequence('fts_stats', 'id'), 127)")
+            .await
+            .unwrap();
+        a.batch_execute(&insert).await.unwrap();
+        a.batch_execute("COMMIT").await.unwrap();
+    });
+    let (kept, counted) = fts_stats(&o);
+    assert_eq!(kept, counted);
+    store.drop_schema().unwrap();
+}
