@@ -62,6 +62,7 @@ macro_rules! conformance_suite {
             delete_policies,
             metadata_filters, lifetimes, paging_lists_each_memory_once, metadata_patches,
             thread_state_round_trips, versions_reads_and_expiry,
+            bad_input_gets_typed_errors_and_writes_nothing,
             // Context reads by index id (conformance/spans.rs).
             spans_times_and_deleted_texts,
             // Reads the harness uses (conformance/reads.rs).
@@ -643,6 +644,87 @@ pub fn keyword_ranking_is_bm25(b: &dyn MemoryBackend) {
         2,
         "apple (3 memories) is over the cap, zebra (2) is not"
     );
+}
+
+/// Bad input gets a typed error and writes nothing: empty, oversized or mistyped memories,
+/// vectors of the wrong size or not finite or zero, unknown ids, inverted ranges, and a
+/// batch holding one bad item or a duplicate id.
+pub fn bad_input_gets_typed_errors_and_writes_nothing(b: &dyn MemoryBackend) {
+    use cairn_core::InputError;
+    let knowledge = |s: &str| NewMemory::new(MemoryKind::Knowledge, s);
+    let v = vector(1);
+    let input = |r: crate::Result<MemoryUnit>| match r {
+        Err(StoreError::Input(e)) => e,
+        other => panic!("expected an input error, got {other:?}"),
+    };
+    assert!(matches!(
+        input(b.insert(knowledge(""), v.clone())),
+        InputError::EmptyContent
+    ));
+    assert!(matches!(
+        input(b.insert(knowledge("   "), v.clone())),
+        InputError::EmptyContent
+    ));
+    assert!(matches!(
+        input(b.insert(knowledge(&"x".repeat(2 << 20)), v.clone())),
+        InputError::ContentTooLarge { .. }
+    ));
+    assert!(matches!(
+        input(b.insert(knowledge("a"), vec![1.0, 0.0])),
+        InputError::DimensionMismatch {
+            expected: DIM,
+            got: 2
+        }
+    ));
+    let mut nan = v.clone();
+    nan[3] = f32::NAN;
+    assert!(matches!(
+        input(b.insert(knowledge("a"), nan)),
+        InputError::NonFiniteVector { position: 3 }
+    ));
+    assert!(matches!(
+        input(b.insert(knowledge("a"), vec![0.0; DIM])),
+        InputError::ZeroVector
+    ));
+    input(b.insert(NewMemory::new(MemoryKind::Summary, "s"), v.clone()));
+    let unknown = MemoryId::new();
+    let not_found = |r: crate::Result<()>| {
+        assert!(
+            matches!(r, Err(StoreError::NotFound { id }) if id == unknown),
+            "{r:?}"
+        );
+    };
+    not_found(b.get(unknown).map(drop));
+    not_found(b.sources(unknown).map(drop));
+    not_found(b.summaries_of(unknown).map(drop));
+    not_found(b.delete(unknown, DeletePolicy::Cascade).map(drop));
+    not_found(b.update(unknown, "x".into(), None, v.clone()).map(drop));
+    let (t0, t1) = (t0(), t0() - Duration::hours(1));
+    assert!(matches!(
+        b.recent(&Filter::all().between(t0, t1), 5),
+        Err(StoreError::Input(InputError::InvalidTimeRange))
+    ));
+    assert!(matches!(
+        b.search_vector(v.clone(), 3, &Filter::all().levels(3, 1)),
+        Err(StoreError::Input(InputError::OutOfRange { .. }))
+    ));
+    // A batch with one bad item, or with an id already stored, writes none of its items.
+    let kept = b.insert(knowledge("kept"), v.clone()).unwrap();
+    assert!(b
+        .insert_batch(vec![
+            (knowledge("ok"), v.clone()),
+            (knowledge(""), v.clone())
+        ])
+        .is_err());
+    assert!(matches!(
+        b.insert_batch(vec![
+            (knowledge("fresh"), v.clone()),
+            (knowledge("dup").with_id(kept.id), vector(2)),
+        ]),
+        Err(StoreError::DuplicateId { .. })
+    ));
+    assert_eq!(ids(&b.recent(&Filter::all(), 10).unwrap()), vec![kept.id]);
+    assert_eq!(b.stats().unwrap().total, 1);
 }
 
 /// `recent` returns the newest memories a filter admits, oldest first; `threads` lists
