@@ -92,12 +92,14 @@ DECLARE
     t bigint := 0;
     r bigint;
 BEGIN
-    IF TG_OP <> 'DELETE' THEN
+    IF TG_OP = 'INSERT' THEN
         SELECT count(*), coalesce(sum({schema}.cairn_doclen(fts)), 0) INTO d, t FROM new_rows;
-    END IF;
-    IF TG_OP <> 'INSERT' THEN
-        SELECT d - count(*), t - coalesce(sum({schema}.cairn_doclen(fts)), 0) INTO d, t
-            FROM old_rows;
+    ELSIF TG_OP = 'DELETE' THEN
+        SELECT -count(*), -coalesce(sum({schema}.cairn_doclen(fts)), 0) INTO d, t FROM old_rows;
+    ELSE
+        -- Only rewritten texts change the counts (most updates touch metadata or flags).
+        SELECT coalesce(sum({schema}.cairn_doclen(n.fts) - {schema}.cairn_doclen(o.fts)), 0)
+            INTO t FROM old_rows o JOIN new_rows n USING (rid) WHERE n.fts <> o.fts;
     END IF;
     IF d <> 0 OR t <> 0 THEN
         INSERT INTO {schema}.fts_stats (docs, tokens) VALUES (d, t) RETURNING id INTO r;

@@ -376,21 +376,31 @@ fn sigkill_mid_write_loses_nothing_acknowledged() {
     store.drop_schema().unwrap();
 }
 
+/// A runtime for the tests' own connections.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A connection of the test's own on the store's schema (inside [`runtime`]).
+async fn connect(o: &PgOptions) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(&o.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c.batch_execute(&format!("SET search_path = {}, public", o.schema))
+        .await
+        .unwrap();
+    c
+}
+
 /// Runs `text` on the store's schema with a connection of its own; the rows' first two
 /// columns as integers.
 fn sql(o: &PgOptions, text: &str) -> Vec<(i64, i64)> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(&o.url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c.batch_execute(&format!("SET search_path = {}, public", o.schema))
-            .await
-            .unwrap();
+    runtime().block_on(async {
+        let c = connect(o).await;
         let mut out = Vec::new();
         for m in c.simple_query(text).await.unwrap() {
             if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
@@ -571,23 +581,9 @@ fn folding_statistics_never_fails_a_write() {
         "INSERT INTO memories (id, kind, content, created_at, model_id, embedding)
          VALUES (gen_random_uuid(), 'knowledge', 'a fact about otters', now(), 'pg-tests', '{v}')"
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let connect = || async {
-            let (c, conn) = tokio_postgres::connect(&o.url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            c.batch_execute(&format!("SET search_path = {}, public", o.schema))
-                .await
-                .unwrap();
-            c
-        };
-        let a = connect().await;
-        let b = connect().await;
+    runtime().block_on(async {
+        let a = connect(&o).await;
+        let b = connect(&o).await;
         a.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM fts_stats")
             .await
             .unwrap();

@@ -594,10 +594,18 @@ impl Harness {
     }
 }
 
+/// A store location for display: a PostgreSQL URL without its password, a path as it is
+/// ([`cairn_harness::display_location`]).
+#[pyfunction]
+fn display_location(location: &str) -> String {
+    cairn_harness::display_location(std::path::Path::new(location))
+}
+
 /// The native module.
 #[pymodule]
 fn _cairn(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Harness>()?;
+    m.add_function(wrap_pyfunction!(display_location, m)?)?;
     m.add("Error", m.py().get_type::<Error>())?;
     Ok(())
 }

@@ -131,15 +131,6 @@ def _memory_args(content: str, kind, thread, role, speaker, metadata, created_at
     }
 
 
-def _redact(location: str) -> str:
-    """A store location for display: a PostgreSQL URL without its password."""
-    scheme, sep, rest = location.partition("://")
-    if not sep or scheme not in ("postgres", "postgresql") or "@" not in rest:
-        return location
-    auth, _, host = rest.rpartition("@")
-    return f"{scheme}://{auth.partition(':')[0]}@{host}"
-
-
 class MemoryHarness:
     """A Cairn store: a SQLite file, or a PostgreSQL URL (``postgres://user@host/db``,
     optionally ``?schema=NAME``). ``embedder`` is ``"minilm"`` (the local model) or
@@ -411,4 +402,4 @@ class MemoryHarness:
         return self._call("count_tokens", text=text)
 
     def __repr__(self) -> str:
-        return f"MemoryHarness({_redact(self.path)!r})"
+        return f"MemoryHarness({_cairn.display_location(self.path)!r})"

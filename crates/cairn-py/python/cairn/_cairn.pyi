@@ -12,3 +12,6 @@ class Harness:
         """Runs an operation (arguments and result as JSON) with the GIL released."""
     def acall(self, method: str, args: str) -> Awaitable[str]:
         """The same, as an awaitable for asyncio."""
+
+def display_location(location: str) -> str:
+    """A store location for display: a PostgreSQL URL without its password."""
