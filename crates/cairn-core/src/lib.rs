@@ -57,12 +57,19 @@ pub fn validate_vector(vector: &[f32], dim: usize) -> Result<(), InputError> {
     Ok(())
 }
 
-/// Returns `vector` scaled to unit L2 norm; an all-zero vector is an error.
-pub fn normalized(mut vector: Vec<f32>) -> Result<Vec<f32>, InputError> {
+/// The L2 norm `normalized` divides by; a vector whose norm is zero (or not finite) is an
+/// error.
+pub fn unit_norm(vector: &[f32]) -> Result<f32, InputError> {
     let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
     if !norm.is_finite() || norm == 0.0 {
         return Err(InputError::ZeroVector);
     }
+    Ok(norm)
+}
+
+/// Returns `vector` scaled to unit L2 norm; an all-zero vector is an error.
+pub fn normalized(mut vector: Vec<f32>) -> Result<Vec<f32>, InputError> {
+    let norm = unit_norm(&vector)?;
     for x in &mut vector {
         *x /= norm;
     }

@@ -597,10 +597,36 @@ impl PgStore {
     /// Rebuilds the HNSW index from the stored vectors (`REINDEX INDEX`).
     pub(crate) fn rebuild_index(&self) -> Result<()> {
         let schema = self.options.schema.clone();
+        let mb = self.options.index_build_memory_mb;
         self.block(move |c| async move {
-            c.batch_execute(&format!("REINDEX INDEX {schema}.memories_embedding"))
+            c.batch_execute(&format!(
+                "BEGIN; SET LOCAL maintenance_work_mem = '{mb}MB';
+                 REINDEX INDEX {schema}.memories_embedding; COMMIT;"
+            ))
+            .await
+            .map_err(pg)
+        })
+    }
+
+    /// Drops the HNSW index (a bulk load builds it again after).
+    pub(crate) fn drop_vector_index(&self) -> Result<()> {
+        let schema = self.options.schema.clone();
+        self.block(move |c| async move {
+            c.batch_execute(&format!("DROP INDEX IF EXISTS {schema}.memories_embedding"))
                 .await
                 .map_err(pg)
+        })
+    }
+
+    /// Builds the HNSW index when it is missing.
+    pub(crate) fn build_vector_index(&self) -> Result<()> {
+        let options = self.options.clone();
+        self.block(move |c| async move {
+            c.batch_execute("BEGIN").await.map_err(pg)?;
+            let r = crate::sql::ensure_vector_index(&c, &options).await;
+            let end = if r.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            c.batch_execute(end).await.map_err(pg)?;
+            r
         })
     }
 }

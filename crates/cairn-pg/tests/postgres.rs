@@ -412,6 +412,20 @@ fn sql(o: &PgOptions, text: &str) -> Vec<(i64, i64)> {
     })
 }
 
+/// 1 when the keyword index keeps a pending list (GIN's `fastupdate`, on by default).
+fn fts_fastupdate(o: &PgOptions) -> i64 {
+    sql(
+        o,
+        &format!(
+            "SELECT CASE WHEN 'fastupdate=off' = ANY(coalesce(c.reloptions, '{{}}')) THEN 0 ELSE 1 END
+               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = '{}' AND c.relname = 'memories_fts'",
+            o.schema
+        ),
+    )[0]
+    .0
+}
+
 /// The BM25 statistics (memories, tokens) as kept, and as recounted from the rows.
 fn fts_stats(o: &PgOptions) -> ((i64, i64), (i64, i64)) {
     let kept = sql(o, "SELECT sum(docs), sum(tokens) FROM fts_stats")[0];
@@ -510,7 +524,7 @@ fn bm25_statistics_follow_every_write() {
 /// A store written by schema version 1 (no BM25 statistics, no speaker index) is migrated
 /// on open: the statistics are counted from its rows and speakers are read through the index.
 #[test]
-fn version_1_stores_migrate_to_version_2() {
+fn version_1_stores_migrate_to_the_current_version() {
     let o = options();
     let store = PgStore::open(o.clone()).unwrap();
     let t = thread("old");
@@ -538,8 +552,10 @@ fn version_1_stores_migrate_to_version_2() {
          DROP FUNCTION cairn_fts_stats(); DROP TABLE fts_stats;
          DROP INDEX memories_thread_speaker; DROP INDEX memories_thread_kind_level;
          DROP FUNCTION cairn_doclen(tsvector);
+         ALTER INDEX memories_fts RESET (fastupdate);
          UPDATE cairn_meta SET value = '1' WHERE key = 'schema_version';",
     );
+    assert_eq!(fts_fastupdate(&o), 1);
     let store = PgStore::open(o.clone()).unwrap();
     assert_eq!(
         sql(
@@ -547,8 +563,9 @@ fn version_1_stores_migrate_to_version_2() {
             "SELECT value::bigint FROM cairn_meta WHERE key = 'schema_version'"
         )[0]
         .0,
-        2
+        3
     );
+    assert_eq!(fts_fastupdate(&o), 0, "version 3: no pending list");
     let (kept, counted) = fts_stats(&o);
     assert_eq!(kept, counted);
     assert_eq!(kept.0, 30);
@@ -608,5 +625,68 @@ fn folding_statistics_never_fails_a_write() {
     });
     let (kept, counted) = fts_stats(&o);
     assert_eq!(kept, counted);
+    store.drop_schema().unwrap();
+}
+
+/// The oid of the store's HNSW index, 0 when it has none.
+fn index_oid(o: &PgOptions) -> i64 {
+    sql(
+        o,
+        &format!(
+            "SELECT coalesce((SELECT c.oid::bigint FROM pg_class c
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = '{}' AND c.relname = 'memories_embedding'), 0)",
+            o.schema
+        ),
+    )[0]
+    .0
+}
+
+/// A bulk load large beside the store takes the HNSW index down and builds it again; a
+/// small one keeps it; a store left without the index (a loader that died part way) gets
+/// it back when it is next opened.
+#[test]
+fn bulk_loads_rebuild_the_vector_index() {
+    let o = options().index_build_memory_mb(64);
+    let store = PgStore::open(o.clone()).unwrap();
+    let first = index_oid(&o);
+    assert_ne!(first, 0);
+    let n = cairn_pg::BULK_REBUILD_MIN;
+    let items = (0..n as u64)
+        .map(|i| {
+            (
+                NewMemory::new(MemoryKind::Knowledge, format!("fact {i}")),
+                vector(i),
+            )
+        })
+        .collect();
+    let units = store.insert_bulk(items).unwrap();
+    assert_eq!(units.len(), n);
+    let rebuilt = index_oid(&o);
+    assert!(rebuilt != 0 && rebuilt != first, "{first} -> {rebuilt}");
+    for i in (0..n).step_by(997) {
+        let hits = store
+            .search_vector(vector(i as u64), 3, &Filter::all())
+            .unwrap();
+        assert_eq!(hits[0].memory.id, units[i].id);
+    }
+    let small = (0..100u64)
+        .map(|i| {
+            (
+                NewMemory::new(MemoryKind::Knowledge, format!("more {i}")),
+                vector(50_000 + i),
+            )
+        })
+        .collect();
+    store.insert_bulk(small).unwrap();
+    assert_eq!(index_oid(&o), rebuilt, "a small load keeps the index");
+    sql(&o, "DROP INDEX memories_embedding");
+    assert_eq!(index_oid(&o), 0);
+    let reopened = PgStore::open(o.clone()).unwrap();
+    assert_ne!(index_oid(&o), 0, "the next open builds the index");
+    let hits = reopened
+        .search_vector(vector(50_042), 1, &Filter::all())
+        .unwrap();
+    assert_eq!(hits[0].memory.content, "more 42");
     store.drop_schema().unwrap();
 }

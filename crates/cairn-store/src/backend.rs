@@ -26,8 +26,8 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 
 use cairn_core::{
-    normalized, validate_vector, InputError, MemoryId, MemoryKind, MemoryUnit, Metadata, NewMemory,
-    ThreadId,
+    normalized, unit_norm, validate_vector, InputError, MemoryId, MemoryKind, MemoryUnit, Metadata,
+    NewMemory, ThreadId,
 };
 
 use crate::{
@@ -54,6 +54,20 @@ pub trait MemoryBackend: Send + Sync {
     /// is already stored with the same content comes back as stored (idempotent retries);
     /// other content under that id is [`StoreError::DuplicateId`].
     fn insert_batch(&self, items: Vec<(NewMemory, Vec<f32>)>) -> Result<Vec<MemoryUnit>>;
+
+    /// Inserts many memories, for loads that are large beside the store (an import, a move
+    /// from another store). Every item is checked first, so bad input (a bad memory or
+    /// vector, an id twice) writes nothing. Then the items go in, in order, through
+    /// [`insert_batch`](Self::insert_batch) in chunks of [`BULK_CHUNK`], one transaction each:
+    /// an error past the checks (another writer took an id with other content, the database
+    /// went away) keeps the chunks written before it, and a retry with the same ids completes
+    /// the load, since a stored memory comes back as stored. A backend may take its vector
+    /// index down while loading and build it again after, where that is faster than keeping
+    /// it row by row (PostgreSQL); searches stay exact meanwhile.
+    fn insert_bulk(&self, items: Vec<(NewMemory, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
+        check_memories(&items, self.dimension())?;
+        insert_chunked(self, items)
+    }
 
     /// Inserts one memory.
     fn insert(&self, memory: NewMemory, embedding: Vec<f32>) -> Result<MemoryUnit> {
@@ -400,6 +414,57 @@ pub struct PreparedMemory {
     pub timed: bool,
 }
 
+/// Memories per transaction in [`MemoryBackend::insert_bulk`].
+pub const BULK_CHUNK: usize = 1_000;
+
+/// What an insert refuses in one memory and its vector, before anything is written: an
+/// invalid memory, a summary (those go through `add_summary`), a vector of the wrong
+/// size, not finite or all zero.
+fn check_memory(m: &NewMemory, v: &[f32], dim: usize) -> Result<()> {
+    m.validate()?;
+    if m.kind == MemoryKind::Summary {
+        return Err(InputError::UnknownName {
+            what: "kind for insert (summaries go through add_summary)",
+            value: "summary".into(),
+        }
+        .into());
+    }
+    validate_vector(v, dim)?;
+    unit_norm(v)?;
+    Ok(())
+}
+
+/// Checks a whole load as one insert would: every memory and vector, and no id twice.
+pub fn check_memories(items: &[(NewMemory, Vec<f32>)], dim: usize) -> Result<()> {
+    let mut seen = HashSet::new();
+    for (m, v) in items {
+        check_memory(m, v, dim)?;
+        if let Some(id) = m.id {
+            if !seen.insert(id) {
+                return Err(StoreError::DuplicateId { id });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Inserts `items` in order through `insert_batch`, [`BULK_CHUNK`] per transaction
+/// (the body of [`MemoryBackend::insert_bulk`]; call [`check_memories`] first).
+pub fn insert_chunked<B: MemoryBackend + ?Sized>(
+    backend: &B,
+    items: Vec<(NewMemory, Vec<f32>)>,
+) -> Result<Vec<MemoryUnit>> {
+    let mut out = Vec::with_capacity(items.len());
+    let mut rest = items.into_iter();
+    loop {
+        let chunk: Vec<_> = rest.by_ref().take(BULK_CHUNK).collect();
+        if chunk.is_empty() {
+            return Ok(out);
+        }
+        out.extend(backend.insert_batch(chunk)?);
+    }
+}
+
 /// Checks a batch for insertion and shapes its rows, as every backend does before it
 /// writes: each memory valid, no summaries (they go through `add_summary`), no id twice in
 /// the batch, vectors of `dim` finite values, not all zero (normalized here). Memories
@@ -412,14 +477,7 @@ pub fn prepare_memories(
     let mut prepared = Vec::with_capacity(items.len());
     let mut seen = HashSet::new();
     for (m, v) in items {
-        m.validate()?;
-        if m.kind == MemoryKind::Summary {
-            return Err(InputError::UnknownName {
-                what: "kind for insert (summaries go through add_summary)",
-                value: "summary".into(),
-            }
-            .into());
-        }
+        check_memory(&m, &v, dim)?;
         let id = m.id.unwrap_or_default();
         if !seen.insert(id) {
             return Err(StoreError::DuplicateId { id });
@@ -441,7 +499,6 @@ pub fn prepare_memories(
             summary: None,
             lifetime,
         };
-        validate_vector(&v, dim)?;
         prepared.push(PreparedMemory {
             unit,
             vector: normalized(v)?,

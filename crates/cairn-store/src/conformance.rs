@@ -55,7 +55,8 @@ pub const DIM: usize = 8;
 macro_rules! conformance_suite {
     ($open:expr) => {
         $crate::conformance_suite!(@each $open;
-            rows_round_trip, batches_are_atomic, keyed_retries_are_idempotent,
+            rows_round_trip, batches_are_atomic, bulk_loads_check_first_and_keep_order,
+            keyed_retries_are_idempotent,
             summaries_link_both_ways, link_rules_write_nothing,
             vector_search_is_exact_at_small_sizes, filtered_vector_search_returns_k,
             keyword_search_matches_any_word, keyword_ranking_is_bm25, recent_and_threads,
@@ -213,6 +214,56 @@ pub fn batches_are_atomic(b: &dyn MemoryBackend) {
     assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
     assert_eq!(count(b), 1, "failed batches wrote nothing");
     assert_eq!(b.get(first.id).unwrap().content, "kept");
+}
+
+/// A bulk load checks every item before writing any (a bad vector or an id twice, in
+/// another chunk than the first, writes nothing), then stores every memory, in order,
+/// across several chunks; searches find them, and a retry of the same keyed load returns
+/// the stored copies and writes none.
+pub fn bulk_loads_check_first_and_keep_order(b: &dyn MemoryBackend) {
+    let n = crate::backend::BULK_CHUNK * 2 + 500;
+    let load = || -> Vec<(NewMemory, Vec<f32>)> {
+        (0..n)
+            .map(|i| {
+                let at = i64::try_from(i).unwrap();
+                let m =
+                    turn("bulk", at, &format!("bulk memory {i}")).with_key(&format!("bulk/{i}"));
+                (m, vector(u64::try_from(i).unwrap()))
+            })
+            .collect()
+    };
+    let mut bad = load();
+    bad[n - 1].1 = vec![0.0; DIM];
+    let r = b.insert_bulk(bad);
+    assert!(matches!(r, Err(StoreError::Input(_))), "{r:?}");
+    let mut twice = load();
+    twice[n - 1].0 = twice[n - 1].0.clone().with_key("bulk/0");
+    let r = b.insert_bulk(twice);
+    assert!(matches!(r, Err(StoreError::DuplicateId { .. })), "{r:?}");
+    let mut summary = load();
+    summary[n - 1].0.kind = MemoryKind::Summary;
+    assert!(b.insert_bulk(summary).is_err());
+    assert_eq!(count(b), 0, "refused loads wrote nothing");
+
+    let units = b.insert_bulk(load()).unwrap();
+    assert_eq!(units.len(), n);
+    for (i, u) in units.iter().enumerate() {
+        assert_eq!(u.content, format!("bulk memory {i}"));
+        assert_eq!(u.id, MemoryId::from_key(&format!("bulk/{i}")));
+    }
+    assert_eq!(count(b), n);
+    let timeline = b.recent(&Filter::all().thread(thread("bulk")), n).unwrap();
+    assert_eq!(timeline.len(), n);
+    for i in [0, 999, 1_000, 2_345] {
+        let hits = b
+            .search_vector(vector(u64::try_from(i).unwrap()), 1, &Filter::all())
+            .unwrap();
+        assert_eq!(hits[0].memory.id, units[i].id);
+    }
+    let again = b.insert_bulk(load()).unwrap();
+    assert_eq!(again, units);
+    assert_eq!(count(b), n, "a retried load wrote no copy");
+    assert!(b.insert_bulk(Vec::new()).unwrap().is_empty());
 }
 
 /// Adding the same keyed memory again returns the stored one and writes no copy.
