@@ -60,7 +60,8 @@ macro_rules! conformance_suite {
             summaries_link_both_ways, link_rules_write_nothing,
             vector_search_is_exact_at_small_sizes, filtered_vector_search_returns_k,
             keyword_search_matches_any_word, keyword_ranking_is_bm25, recent_and_threads,
-            delete_policies,
+            delete_policies, detach_keeps_levels_in_step_and_deletes_empty_summaries,
+            thread_isolation_is_checked_through_every_level,
             metadata_filters, lifetimes, paging_lists_each_memory_once, metadata_patches,
             thread_state_round_trips, versions_reads_and_expiry,
             bad_input_gets_typed_errors_and_writes_nothing,
@@ -264,6 +265,144 @@ pub fn bulk_loads_check_first_and_keep_order(b: &dyn MemoryBackend) {
     assert_eq!(again, units);
     assert_eq!(count(b), n, "a retried load wrote no copy");
     assert!(b.insert_bulk(Vec::new()).unwrap().is_empty());
+}
+
+/// Deleting with `Detach` keeps every level in step: a summary left without sources is
+/// deleted, the summaries above it step down a level (searches by level see the new
+/// levels), refresh rewrites a stale summary and marks those above stale, and a chain of
+/// summaries each left empty goes at once.
+pub fn detach_keeps_levels_in_step_and_deletes_empty_summaries(b: &dyn MemoryBackend) {
+    let t = thread("t");
+    let ids: Vec<MemoryId> = (0..4)
+        .map(|i| {
+            b.insert(
+                turn("t", i, &format!("turn {i}")),
+                vector(u64::try_from(i).unwrap()),
+            )
+            .unwrap()
+            .id
+        })
+        .collect();
+    let low = b
+        .add_summary(
+            NewSummary::new("low", vec![ids[0]]).with_thread(Some(t.clone())),
+            vector(10),
+        )
+        .unwrap();
+    let mid = b
+        .add_summary(
+            NewSummary::new("mid", vec![low.id, ids[1]]).with_thread(Some(t.clone())),
+            vector(11),
+        )
+        .unwrap();
+    let top = b
+        .add_summary(
+            NewSummary::new("top", vec![mid.id, ids[2]]).with_thread(Some(t.clone())),
+            vector(12),
+        )
+        .unwrap();
+    assert_eq!((low.level, mid.level, top.level), (1, 2, 3));
+    // Deleting the only source of `low` deletes `low`; `mid` keeps ids[1] and steps down to
+    // level 1, `top` to level 2.
+    let report = b.delete(ids[0], DeletePolicy::Detach).unwrap();
+    assert_eq!(report.deleted, vec![ids[0], low.id]);
+    assert_eq!(report.detached, vec![mid.id]);
+    assert!(matches!(b.get(low.id), Err(StoreError::NotFound { .. })));
+    let mid_now = b.get(mid.id).unwrap();
+    let top_now = b.get(top.id).unwrap();
+    assert_eq!((mid_now.level, top_now.level), (1, 2));
+    let info = mid_now.summary.as_ref().unwrap();
+    assert!(info.stale);
+    assert_eq!(info.source_ids, vec![ids[1]]);
+    let level = |l: u32| {
+        b.search_vector(
+            vector(99),
+            5,
+            &Filter::all().kinds([MemoryKind::Summary]).levels(l, l),
+        )
+        .unwrap()
+        .into_iter()
+        .map(|h| h.memory.id)
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(level(1), vec![mid.id]);
+    assert_eq!(level(2), vec![top.id]);
+    assert!(level(3).is_empty());
+    // Refresh: `mid` is rewritten from what it cites now, no longer stale; `top` (whose
+    // source changed) is.
+    assert!(matches!(
+        b.refresh_summary(ids[1], "x".into(), None, vector(13)),
+        Err(StoreError::NotASummary { .. })
+    ));
+    let fresh = b
+        .refresh_summary(mid.id, "mid, rewritten".into(), None, vector(14))
+        .unwrap();
+    assert!(!fresh.summary.as_ref().unwrap().stale);
+    assert_eq!(fresh.content, "mid, rewritten");
+    assert_eq!(fresh.level, 1);
+    assert!(b.get(top.id).unwrap().summary.unwrap().stale);
+    let hits = b.search_vector(vector(14), 1, &Filter::all()).unwrap();
+    assert_eq!(hits[0].memory.id, mid.id);
+    // A chain of only-sources goes at once: top cites mid and ids[2]; deleting ids[2], then
+    // ids[1], empties mid and then top.
+    b.delete(ids[2], DeletePolicy::Detach).unwrap();
+    let report = b.delete(ids[1], DeletePolicy::Detach).unwrap();
+    assert_eq!(report.deleted, vec![ids[1], mid.id, top.id]);
+    assert!(report.detached.is_empty());
+    assert_eq!(b.stats().unwrap().by_kind.get("summary"), None);
+    assert_eq!(count(b), 1);
+}
+
+/// A thread's summary reaches no other thread's memory through any number of thread-less
+/// summaries, whether it is added or extended; a refused write writes nothing.
+pub fn thread_isolation_is_checked_through_every_level(b: &dyn MemoryBackend) {
+    let t = thread("t");
+    let own = b.insert(turn("t", 0, "own"), vector(1)).unwrap();
+    let other = b.insert(turn("u", 1, "other"), vector(2)).unwrap();
+    // Thread-less summaries: one over U's turn, two levels deep; one over T's turn.
+    let s0 = b
+        .add_summary(NewSummary::new("u's turn", vec![other.id]), vector(3))
+        .unwrap();
+    let s1 = b
+        .add_summary(NewSummary::new("above it", vec![s0.id]), vector(4))
+        .unwrap();
+    let fine = b
+        .add_summary(NewSummary::new("t's turn", vec![own.id]), vector(5))
+        .unwrap();
+    let before = count(b);
+    for via in [s0.id, s1.id] {
+        let r = b.add_summary(
+            NewSummary::new("t reaches u", vec![own.id, via]).with_thread(Some(t.clone())),
+            vector(6),
+        );
+        match r {
+            Err(StoreError::ThreadMismatch {
+                id,
+                source_thread,
+                summary_thread,
+            }) => assert_eq!(
+                (id, source_thread.as_str(), summary_thread.as_str()),
+                (other.id, "u", "t")
+            ),
+            r => panic!("{r:?}"),
+        }
+    }
+    assert_eq!(count(b), before, "nothing written");
+    let ts = b
+        .add_summary(
+            NewSummary::new("t over t", vec![own.id, fine.id]).with_thread(Some(t.clone())),
+            vector(7),
+        )
+        .unwrap();
+    assert!(matches!(
+        b.extend_summary(ts.id, vec![s1.id]),
+        Err(StoreError::ThreadMismatch { .. })
+    ));
+    assert_eq!(
+        b.sources(ts.id).unwrap().len(),
+        2,
+        "the failed extension wrote nothing"
+    );
 }
 
 /// Adding the same keyed memory again returns the stored one and writes no copy.

@@ -1514,80 +1514,6 @@ fn index_check_finds_rows_changed_behind_its_back() {
     );
 }
 
-/// A summary of thread T cannot reach thread U's memories through a thread-less summary, at
-/// any depth, by `add_summary` or `extend_summary`; nothing is written. Through thread-less
-/// summaries over T's (or no thread's) memories it can.
-#[test]
-fn thread_isolation_is_checked_through_every_level() {
-    let dir = tmp();
-    let store = open(&dir.path().join("iso.db"), 4);
-    let mut rng = StdRng::seed_from_u64(9);
-    let t = ThreadId::new("t").unwrap();
-    let own = store
-        .insert(turn("t", 0), random_unit(&mut rng, 4))
-        .unwrap();
-    let other = store
-        .insert(turn("u", 1), random_unit(&mut rng, 4))
-        .unwrap();
-    // Thread-less summaries: one over U's turn, two levels deep; one over T's turn.
-    let s0 = store
-        .add_summary(
-            NewSummary::new("u's turn", vec![other.id]),
-            random_unit(&mut rng, 4),
-        )
-        .unwrap();
-    let s1 = store
-        .add_summary(
-            NewSummary::new("above it", vec![s0.id]),
-            random_unit(&mut rng, 4),
-        )
-        .unwrap();
-    let fine = store
-        .add_summary(
-            NewSummary::new("t's turn", vec![own.id]),
-            random_unit(&mut rng, 4),
-        )
-        .unwrap();
-    let before = store.stats().unwrap().total;
-    for via in [s0.id, s1.id] {
-        let err = store
-            .add_summary(
-                NewSummary::new("t reaches u", vec![own.id, via]).with_thread(Some(t.clone())),
-                random_unit(&mut rng, 4),
-            )
-            .unwrap_err();
-        match err {
-            StoreError::ThreadMismatch {
-                id,
-                source_thread,
-                summary_thread,
-            } => {
-                assert_eq!(
-                    (id, source_thread.as_str(), summary_thread.as_str()),
-                    (other.id, "u", "t")
-                );
-            }
-            e => panic!("{e}"),
-        }
-    }
-    assert_eq!(store.stats().unwrap().total, before, "nothing written");
-    let ts = store
-        .add_summary(
-            NewSummary::new("t over t", vec![own.id, fine.id]).with_thread(Some(t.clone())),
-            random_unit(&mut rng, 4),
-        )
-        .unwrap();
-    assert!(matches!(
-        store.extend_summary(ts.id, vec![s1.id]),
-        Err(StoreError::ThreadMismatch { .. })
-    ));
-    assert_eq!(
-        store.sources(ts.id).unwrap().len(),
-        2,
-        "the failed extension wrote nothing"
-    );
-}
-
 /// Issue 16, item 1: two handles on one file (each with its own index, as two processes
 /// have) see each other's committed writes on their next read: inserts of a thread the
 /// reader never wrote, summaries, deletes and level changes; the log is caught up
@@ -1765,95 +1691,6 @@ fn a_committed_write_is_acknowledged_when_its_snapshot_fails() {
     store.close().unwrap();
     let store = open(&path, 8);
     assert_eq!(store.stats().unwrap().total, 3);
-    assert!(store.check_index().unwrap().is_consistent());
-}
-
-/// Issue 16, item 4: a Detach delete that changes levels changes them in the index too; a
-/// summary whose last source goes is deleted (the rule for zero-source summaries) and its
-/// own citers are detached from it; a stale summary is refreshed from its current sources.
-#[test]
-fn detach_keeps_levels_in_step_and_deletes_empty_summaries() {
-    let dir = tmp();
-    let path = dir.path().join("detach.db");
-    let store = open(&path, 8);
-    let mut rng = StdRng::seed_from_u64(19);
-    let t = ThreadId::new("t").unwrap();
-    let ids: Vec<MemoryId> = (0..4)
-        .map(|i| {
-            store
-                .insert(turn("t", i), random_unit(&mut rng, 8))
-                .unwrap()
-                .id
-        })
-        .collect();
-    let low = store
-        .add_summary(
-            NewSummary::new("low", vec![ids[0]]).with_thread(Some(t.clone())),
-            random_unit(&mut rng, 8),
-        )
-        .unwrap();
-    let mid = store
-        .add_summary(
-            NewSummary::new("mid", vec![low.id, ids[1]]).with_thread(Some(t.clone())),
-            random_unit(&mut rng, 8),
-        )
-        .unwrap();
-    let top = store
-        .add_summary(
-            NewSummary::new("top", vec![mid.id, ids[2]]).with_thread(Some(t.clone())),
-            random_unit(&mut rng, 8),
-        )
-        .unwrap();
-    assert_eq!((low.level, mid.level, top.level), (1, 2, 3));
-    // Deleting the only source of `low` deletes `low`; `mid` keeps ids[1] and drops to
-    // level 1, `top` to level 2 — in SQL and in the index.
-    let report = store.delete(ids[0], DeletePolicy::Detach).unwrap();
-    assert_eq!(report.deleted, vec![ids[0], low.id]);
-    assert_eq!(report.detached, vec![mid.id]);
-    assert!(matches!(
-        store.get(low.id),
-        Err(StoreError::NotFound { .. })
-    ));
-    let mid_now = store.get(mid.id).unwrap();
-    let top_now = store.get(top.id).unwrap();
-    assert_eq!((mid_now.level, top_now.level), (1, 2));
-    let info = mid_now.summary.as_ref().unwrap();
-    assert!(info.stale);
-    assert_eq!(info.source_ids, vec![ids[1]]);
-    assert!(store.check_index().unwrap().is_consistent(), "index levels");
-    let level1 = Filter::all().kinds([MemoryKind::Summary]).levels(1, 1);
-    let found: Vec<MemoryId> = store
-        .search_vector(random_unit(&mut rng, 8), 5, &level1, None)
-        .unwrap()
-        .into_iter()
-        .map(|h| h.memory.id)
-        .collect();
-    assert_eq!(found, vec![mid.id]);
-    // Refresh: `mid` is rewritten from what it cites now; it is no longer stale, and `top`
-    // (whose source changed) is.
-    assert!(matches!(
-        store.refresh_summary(ids[1], "x".into(), None, random_unit(&mut rng, 8)),
-        Err(StoreError::NotASummary { .. })
-    ));
-    let v = random_unit(&mut rng, 8);
-    let fresh = store
-        .refresh_summary(mid.id, "mid, rewritten".into(), None, v.clone())
-        .unwrap();
-    let info = fresh.summary.as_ref().unwrap();
-    assert!(!info.stale);
-    assert_eq!(fresh.content, "mid, rewritten");
-    assert_eq!(fresh.level, 1);
-    assert!(store.get(top.id).unwrap().summary.unwrap().stale);
-    let hits = store.search_vector(v, 1, &Filter::all(), None).unwrap();
-    assert_eq!(hits[0].memory.id, mid.id);
-    assert!(store.check_index().unwrap().is_consistent());
-    // A chain of only-sources goes at once: top cites mid and ids[2]; delete ids[2] and
-    // ids[1] with Detach: mid empties, then top.
-    store.delete(ids[2], DeletePolicy::Detach).unwrap();
-    let report = store.delete(ids[1], DeletePolicy::Detach).unwrap();
-    assert_eq!(report.deleted, vec![ids[1], mid.id, top.id]);
-    assert!(report.detached.is_empty());
-    assert_eq!(store.stats().unwrap().by_kind.get("summary"), None);
     assert!(store.check_index().unwrap().is_consistent());
 }
 
@@ -2094,4 +1931,14 @@ fn bounded_reads_of_a_long_thread() {
         .child_summary_vids(vid_of_summary(level1[0].id))
         .unwrap()
         .is_empty());
+}
+
+/// The conformance check of detach (levels step down, empty summaries go), on the SQLite
+/// store, with its index checked against the rows after it: levels in step in both.
+#[test]
+fn detach_keeps_the_index_levels_in_step() {
+    let dir = tmp();
+    let store = open(&dir.path().join("detach.db"), cairn_store::conformance::DIM);
+    cairn_store::conformance::detach_keeps_levels_in_step_and_deletes_empty_summaries(&store);
+    assert!(store.check_index().unwrap().is_consistent());
 }
