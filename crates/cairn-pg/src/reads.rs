@@ -14,6 +14,7 @@ use pgvector::Vector;
 use tokio_postgres::Row;
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, ThreadId};
+use cairn_store::backend::{match_late_arrivals, SummarySpan};
 use cairn_store::{Filter, Hit, Result, StoreError, StoreStats, TimelineEntry};
 
 use crate::sql::{Query, COLS};
@@ -769,15 +770,7 @@ impl PgStore {
     pub(crate) fn late_arrivals(&self, filter: &Filter) -> Result<Vec<(MemoryId, MemoryId)>> {
         filter.validate()?;
         let mut q = Query::new(
-            "SELECT m.id, s.id FROM memories m CROSS JOIN LATERAL (
-                SELECT s.id FROM memories s
-                 WHERE s.thread_id = m.thread_id AND s.kind = 'summary' AND s.level = 1
-                   AND s.summary_type = 'conversation'
-                   AND s.time_start <= m.created_at AND s.time_end >= m.created_at
-                   AND s.rid < m.rid
-                   AND NOT EXISTS (SELECT 1 FROM summary_sources x
-                       WHERE (x.summary = s.rid OR x.source = s.rid) AND x.continues)
-                 ORDER BY s.time_start, s.rid LIMIT 1) s
+            "SELECT m.id, m.rid, m.created_at, m.thread_id FROM memories m
              WHERE m.thread_id IS NOT NULL AND m.level = 0",
         );
         q.filter(filter, self.now());
@@ -788,10 +781,43 @@ impl PgStore {
         );
         self.block(move |c| async move {
             let rows = c.rows(&q.text, &refs(&q.params)).await.map_err(pg)?;
-            Ok(rows
-                .iter()
-                .map(|r| (MemoryId::from_uuid(r.get(0)), MemoryId::from_uuid(r.get(1))))
-                .collect())
+            let mut uncovered = Vec::with_capacity(rows.len());
+            for r in &rows {
+                uncovered.push((
+                    MemoryId::from_uuid(r.get(0)),
+                    r.get::<_, i64>(1),
+                    r.get::<_, DateTime<Utc>>(2),
+                    ThreadId::new(r.get::<_, String>(3))?,
+                ));
+            }
+            // The spans of each thread met, read before matching (the matcher is not async).
+            let mut threads: Vec<ThreadId> = uncovered.iter().map(|u| u.3.clone()).collect();
+            threads.sort();
+            threads.dedup();
+            let mut spans: HashMap<ThreadId, Vec<SummarySpan>> = HashMap::new();
+            for t in threads {
+                let rows = c
+                    .rows(
+                        "SELECT s.id, s.rid, s.time_start, s.time_end FROM memories s
+                          WHERE s.thread_id = $1 AND s.kind = 'summary' AND s.level = 1
+                            AND s.summary_type = 'conversation'
+                            AND s.time_start IS NOT NULL AND s.time_end IS NOT NULL
+                            AND NOT EXISTS (SELECT 1 FROM summary_sources x
+                                WHERE x.summary = s.rid AND x.continues)
+                            AND NOT EXISTS (SELECT 1 FROM summary_sources x
+                                WHERE x.source = s.rid AND x.continues)
+                          ORDER BY s.time_start, s.rid",
+                        &[&t.as_str()],
+                    )
+                    .await
+                    .map_err(pg)?;
+                let v = rows
+                    .iter()
+                    .map(|r| (MemoryId::from_uuid(r.get(0)), r.get(1), r.get(2), r.get(3)))
+                    .collect();
+                spans.insert(t, v);
+            }
+            match_late_arrivals(uncovered, |t| Ok(spans.remove(t).unwrap_or_default()))
         })
     }
 

@@ -414,6 +414,53 @@ pub struct PreparedMemory {
     pub timed: bool,
 }
 
+/// A level-1 conversation summary as late arrivals are matched to it: its id, insertion
+/// sequence, and the span of its sources' times.
+pub type SummarySpan = (MemoryId, i64, DateTime<Utc>, DateTime<Utc>);
+
+/// [`MemoryBackend::late_arrivals`] from two reads each backend makes: `uncovered`, the raw
+/// memories no level-1 summary cites (id, insertion sequence, time, thread; oldest first),
+/// and `spans_of(thread)`, that thread's level-1 conversation summaries outside
+/// continuation chains, ordered by (start, sequence). A memory's summary is the first of
+/// those (in that order) whose span holds its time and that was written before it.
+///
+/// Matched by binary search over the spans, with a running maximum of their ends: the
+/// cost grows with the memories times the log of the summaries (one correlated subquery
+/// per memory made a first consolidation of a 50,000-turn thread quadratic).
+pub fn match_late_arrivals(
+    uncovered: Vec<(MemoryId, i64, DateTime<Utc>, ThreadId)>,
+    mut spans_of: impl FnMut(&ThreadId) -> Result<Vec<SummarySpan>>,
+) -> Result<Vec<(MemoryId, MemoryId)>> {
+    // Per thread: its spans and the running maximum of their ends.
+    let mut threads: std::collections::HashMap<ThreadId, (Vec<SummarySpan>, Vec<DateTime<Utc>>)> =
+        std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for (id, seq, at, thread) in uncovered {
+        if !threads.contains_key(&thread) {
+            let spans = spans_of(&thread)?;
+            let mut reach = Vec::with_capacity(spans.len());
+            for s in &spans {
+                let end = reach.last().map_or(s.3, |r: &DateTime<Utc>| (*r).max(s.3));
+                reach.push(end);
+            }
+            threads.insert(thread.clone(), (spans, reach));
+        }
+        let Some((spans, reach)) = threads.get(&thread) else {
+            continue;
+        };
+        // Spans that start at or before `at`, from the first whose running end reaches it.
+        let to = spans.partition_point(|s| s.2 <= at);
+        let from = reach.partition_point(|r| *r < at);
+        if let Some(s) = spans
+            .get(from..to)
+            .and_then(|c| c.iter().find(|s| s.3 >= at && s.1 < seq))
+        {
+            out.push((id, s.0));
+        }
+    }
+    Ok(out)
+}
+
 /// Memories per transaction in [`MemoryBackend::insert_bulk`].
 pub const BULK_CHUNK: usize = 1_000;
 
@@ -1006,5 +1053,60 @@ impl MemoryBackend for crate::Store {
 
     fn consolidated_until(&self, thread: &ThreadId) -> Result<Option<DateTime<Utc>>> {
         crate::Store::consolidated_until(self, thread)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(minute: i64) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2024, 1, 1, 0, 0, 0).unwrap() + chrono::Duration::minutes(minute)
+    }
+
+    /// The matcher picks, among the spans holding a memory's time and written before it,
+    /// the first by (start, sequence), over spans that overlap, nest and end early, as the
+    /// one-query-per-memory definition does (checked against it on every minute).
+    #[test]
+    fn late_arrivals_match_the_earliest_span_written_before() {
+        let th = ThreadId::new("t").unwrap();
+        let ids: Vec<MemoryId> = (0..6).map(|_| MemoryId::new()).collect();
+        // (start, end, sequence): a long early span written late, nested and
+        // overlapping spans, one that ends early.
+        let raw = [
+            (0, 100, 50),
+            (10, 20, 5),
+            (15, 40, 6),
+            (30, 35, 7),
+            (45, 60, 8),
+            (45, 50, 9),
+        ];
+        let spans: Vec<SummarySpan> = raw
+            .iter()
+            .zip(&ids)
+            .map(|((a, b, seq), id)| (*id, *seq, t(*a), t(*b)))
+            .collect();
+        let mut sorted = spans.clone();
+        sorted.sort_by_key(|s| (s.2, s.1));
+        for seq in [1, 10, 60] {
+            let uncovered: Vec<_> = (-5..110)
+                .map(|m| (MemoryId::new(), seq, t(m), th.clone()))
+                .collect();
+            let want: Vec<(MemoryId, MemoryId)> = uncovered
+                .iter()
+                .filter_map(|(id, s, at, _)| {
+                    sorted
+                        .iter()
+                        .find(|sp| sp.2 <= *at && sp.3 >= *at && sp.1 < *s)
+                        .map(|sp| (*id, sp.0))
+                })
+                .collect();
+            let got = match_late_arrivals(uncovered, |_| Ok(sorted.clone())).unwrap();
+            assert_eq!(got, want, "sequence {seq}");
+            if seq == 60 {
+                assert_eq!(got.len(), 101, "minutes 0 to 100 lie in the first span");
+            }
+        }
     }
 }

@@ -1115,31 +1115,49 @@ impl Store {
         let (cond, args) = filter.sql_at(self.visibility()?);
         self.read(|c| {
             let mut stmt = c.prepare_cached(&format!(
-                "SELECT m.id, (SELECT s.id FROM memories s
-                    WHERE s.thread_id = m.thread_id AND s.kind = 'summary' AND s.level = 1
-                      AND s.summary_type = 'conversation'
-                      AND s.time_start <= m.created_at AND s.time_end >= m.created_at
-                      AND s.rid < m.rid
-                      AND NOT EXISTS (SELECT 1 FROM summary_sources x
-                          WHERE (x.summary = s.rid OR x.source = s.rid) AND x.continues = 1)
-                    ORDER BY s.time_start, s.rid LIMIT 1)
-                 FROM memories m
+                "SELECT m.id, m.rid, m.created_at, m.thread_id FROM memories m
                  WHERE m.thread_id IS NOT NULL AND m.level = 0{cond}
                    AND NOT EXISTS (SELECT 1 FROM summary_sources l
                        JOIN memories p ON p.rid = l.summary
                        WHERE l.source = m.rid AND p.level = 1)
                  ORDER BY m.created_at, m.rid"
             ))?;
-            let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
-                Ok((r.get::<_, [u8; 16]>(0)?, r.get::<_, Option<[u8; 16]>>(1)?))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                if let (m, Some(s)) = row? {
-                    out.push((MemoryId::from_bytes(m), MemoryId::from_bytes(s)));
-                }
-            }
-            Ok(out)
+            let uncovered = stmt
+                .query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                    Ok((
+                        MemoryId::from_bytes(r.get::<_, [u8; 16]>(0)?),
+                        r.get::<_, i64>(1)?,
+                        rows::from_micros(r.get(2)?),
+                        r.get::<_, String>(3)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?
+                .into_iter()
+                .map(|(id, rid, at, t)| Ok((id, rid, at, ThreadId::new(t)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let mut spans = c.prepare_cached(
+                "SELECT s.id, s.rid, s.time_start, s.time_end FROM memories s
+                  WHERE s.thread_id = ?1 AND s.kind = 'summary' AND s.level = 1
+                    AND s.summary_type = 'conversation'
+                    AND s.time_start IS NOT NULL AND s.time_end IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM summary_sources x
+                        WHERE x.summary = s.rid AND x.continues = 1)
+                    AND NOT EXISTS (SELECT 1 FROM summary_sources x
+                        WHERE x.source = s.rid AND x.continues = 1)
+                  ORDER BY s.time_start, s.rid",
+            )?;
+            crate::backend::match_late_arrivals(uncovered, |t| {
+                Ok(spans
+                    .query_map(params![t.as_str()], |r| {
+                        Ok((
+                            MemoryId::from_bytes(r.get::<_, [u8; 16]>(0)?),
+                            r.get::<_, i64>(1)?,
+                            rows::from_micros(r.get(2)?),
+                            rows::from_micros(r.get(3)?),
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()?)
+            })
         })
     }
 
