@@ -647,6 +647,10 @@ fn index_oid(o: &PgOptions) -> i64 {
 /// it back when it is next opened.
 #[test]
 fn bulk_loads_rebuild_the_vector_index() {
+    assert!(matches!(
+        PgStore::open(options().index_build_memory_mb(0)),
+        Err(StoreError::Config(_))
+    ));
     let o = options().index_build_memory_mb(64);
     let store = PgStore::open(o.clone()).unwrap();
     let first = index_oid(&o);
