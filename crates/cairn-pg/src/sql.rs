@@ -258,12 +258,23 @@ pub async fn ensure_vector_index(c: &deadpool_postgres::Object, o: &PgOptions) -
         return Ok(());
     }
     tracing::info!(schema = %schema, "building the HNSW index of the store");
+    set_build_memory(c, o.index_build_memory_mb).await?;
     c.batch_execute(&format!(
-        "SET LOCAL maintenance_work_mem = '{}MB';
-         CREATE INDEX IF NOT EXISTS memories_embedding ON {schema}.memories
-             USING hnsw (embedding vector_cosine_ops);",
-        o.index_build_memory_mb
+        "CREATE INDEX IF NOT EXISTS memories_embedding ON {schema}.memories
+             USING hnsw (embedding vector_cosine_ops);"
     ))
+    .await
+    .map_err(pg)?;
+    Ok(())
+}
+
+/// Sets `maintenance_work_mem` to `mb` MiB for the caller's transaction (a bound
+/// parameter, as every value in this crate's SQL).
+pub async fn set_build_memory(c: &deadpool_postgres::Object, mb: u32) -> Result<()> {
+    c.query_one(
+        "SELECT set_config('maintenance_work_mem', $1, true)",
+        &[&format!("{mb}MB")],
+    )
     .await
     .map_err(pg)?;
     Ok(())

@@ -599,12 +599,17 @@ impl PgStore {
         let schema = self.options.schema.clone();
         let mb = self.options.index_build_memory_mb;
         self.block(move |c| async move {
-            c.batch_execute(&format!(
-                "BEGIN; SET LOCAL maintenance_work_mem = '{mb}MB';
-                 REINDEX INDEX {schema}.memories_embedding; COMMIT;"
-            ))
-            .await
-            .map_err(pg)
+            c.batch_execute("BEGIN").await.map_err(pg)?;
+            let r = async {
+                crate::sql::set_build_memory(&c, mb).await?;
+                c.batch_execute(&format!("REINDEX INDEX {schema}.memories_embedding"))
+                    .await
+                    .map_err(pg)
+            }
+            .await;
+            let end = if r.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            c.batch_execute(end).await.map_err(pg)?;
+            r
         })
     }
 
