@@ -275,11 +275,7 @@ fn print(n: usize, name: &str, r: Row) {
 }
 
 fn main() {
-    let sizes: Vec<usize> = std::env::var("CAIRN_BENCH_SIZES")
-        .unwrap_or_else(|_| "10000,100000".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    let sizes = common::sizes("10000,100000");
     let server = cairn_pg::testing::server();
     println!("| memories | backend | bulk load (mem/s) | 1,000 more (mem/s) | search p50 / p99 (ms) | recall@10 | thread-filtered p50 / p99 (ms) | keyword p50 / p99 (ms) | leaves of 20 p50 (ms) | leaves of min(400, N/100) p50 (ms) | assemble_context p50 / p99 (ms) |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");

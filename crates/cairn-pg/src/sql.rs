@@ -244,7 +244,10 @@ async fn migrate_locked(c: &deadpool_postgres::Object, o: &PgOptions) -> Result<
 /// [`PgOptions::index_build_memory_mb`] of `maintenance_work_mem`. Looks the index up
 /// first: `CREATE INDEX IF NOT EXISTS` would take the table's write lock even when the
 /// index is there.
-pub async fn ensure_vector_index(c: &deadpool_postgres::Object, o: &PgOptions) -> Result<()> {
+pub async fn ensure_vector_index<C: deadpool_postgres::GenericClient + Sync>(
+    c: &C,
+    o: &PgOptions,
+) -> Result<()> {
     let schema = &o.schema;
     let present = c
         .query_opt(
@@ -270,7 +273,10 @@ pub async fn ensure_vector_index(c: &deadpool_postgres::Object, o: &PgOptions) -
 
 /// Sets `maintenance_work_mem` to `mb` MiB for the caller's transaction (a bound
 /// parameter, as every value in this crate's SQL).
-pub async fn set_build_memory(c: &deadpool_postgres::Object, mb: u32) -> Result<()> {
+pub async fn set_build_memory<C: deadpool_postgres::GenericClient + Sync>(
+    c: &C,
+    mb: u32,
+) -> Result<()> {
     c.query_one(
         "SELECT set_config('maintenance_work_mem', $1, true)",
         &[&format!("{mb}MB")],

@@ -598,18 +598,13 @@ impl PgStore {
     pub(crate) fn rebuild_index(&self) -> Result<()> {
         let schema = self.options.schema.clone();
         let mb = self.options.index_build_memory_mb;
-        self.block(move |c| async move {
-            c.batch_execute("BEGIN").await.map_err(pg)?;
-            let r = async {
-                crate::sql::set_build_memory(&c, mb).await?;
-                c.batch_execute(&format!("REINDEX INDEX {schema}.memories_embedding"))
-                    .await
-                    .map_err(pg)
-            }
-            .await;
-            let end = if r.is_ok() { "COMMIT" } else { "ROLLBACK" };
-            c.batch_execute(end).await.map_err(pg)?;
-            r
+        self.block(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            crate::sql::set_build_memory(&tx, mb).await?;
+            tx.batch_execute(&format!("REINDEX INDEX {schema}.memories_embedding"))
+                .await
+                .map_err(pg)?;
+            tx.commit().await.map_err(pg)
         })
     }
 
@@ -626,12 +621,10 @@ impl PgStore {
     /// Builds the HNSW index when it is missing.
     pub(crate) fn build_vector_index(&self) -> Result<()> {
         let options = self.options.clone();
-        self.block(move |c| async move {
-            c.batch_execute("BEGIN").await.map_err(pg)?;
-            let r = crate::sql::ensure_vector_index(&c, &options).await;
-            let end = if r.is_ok() { "COMMIT" } else { "ROLLBACK" };
-            c.batch_execute(end).await.map_err(pg)?;
-            r
+        self.block(move |mut c| async move {
+            let tx = c.transaction().await.map_err(pg)?;
+            crate::sql::ensure_vector_index(&tx, &options).await?;
+            tx.commit().await.map_err(pg)
         })
     }
 }

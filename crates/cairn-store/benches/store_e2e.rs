@@ -45,11 +45,7 @@ fn peak_rss_mib() -> f64 {
 }
 
 fn main() {
-    let sizes: Vec<usize> = std::env::var("CAIRN_BENCH_SIZES")
-        .unwrap_or_else(|_| "10000,100000".into())
-        .split(',')
-        .filter_map(|s| s.trim().parse().ok())
-        .collect();
+    let sizes = common::sizes("10000,100000");
     println!("| memories | batched insert (mem/s) | single insert (mem/s) | search p50 / p99 (ms) | thread-filtered p50 / p99 (ms) | expand 20 (ms) | reopen from snapshot (s) | rebuild from SQLite (s) | peak RSS (MiB) | database (MiB) | snapshot (MiB) |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {

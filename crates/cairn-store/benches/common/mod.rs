@@ -45,3 +45,13 @@ impl Clusters {
         )
     }
 }
+
+/// The sizes a bench runs at: `CAIRN_BENCH_SIZES` (comma-separated), else `default`.
+#[allow(dead_code)] // (benches of one size include this module too)
+pub fn sizes(default: &str) -> Vec<usize> {
+    std::env::var("CAIRN_BENCH_SIZES")
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
