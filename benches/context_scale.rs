@@ -19,7 +19,10 @@
 //!
 //! `cargo bench --bench context_scale` (`CAIRN_BENCH_STORE_DIR=DIR` keeps the stores there
 //! and reuses them on the next run; `CAIRN_BENCH_PG=postgres://...` builds each store in a
-//! fresh schema of that PostgreSQL database instead, and reports no size on disk)
+//! fresh schema of that PostgreSQL database instead, and reports no size on disk). The child
+//! can be run on its own, on a kept store: `CONTEXT_SCALE_CHILD=DB CONTEXT_SCALE_N=N
+//! CONTEXT_SCALE_MODEL=0|1 target/release/deps/context_scale-*` (add
+//! `CONTEXT_SCALE_BOUNDED_ONLY=1` to time the bounded path alone, for a profile).
 
 #![allow(
     clippy::unwrap_used,
@@ -200,6 +203,9 @@ async fn child(db: &str, n: usize, model: bool) {
         bounded_above: usize::MAX,
         ..ContextOptions::default()
     };
+    // For a profile of the bounded path: `CONTEXT_SCALE_BOUNDED_ONLY=1` skips exhaustive
+    // scoring (its figures then read 0).
+    let bounded_only = std::env::var("CONTEXT_SCALE_BOUNDED_ONLY").as_deref() == Ok("1");
     let (mut tb, mut te) = (Vec::new(), Vec::new());
     let (mut shared, mut of) = (0usize, 0usize);
     for (i, q) in queries(n).iter().enumerate() {
@@ -222,7 +228,10 @@ async fn child(db: &str, n: usize, model: bool) {
                 (t.elapsed().as_secs_f64() * 1e3, ctx)
             }
         };
-        let ((b_ms, b), (e_ms, e)) = if i % 2 == 0 {
+        let ((b_ms, b), (e_ms, e)) = if bounded_only {
+            let (ms, b) = run(bounded).await;
+            ((ms, b.clone()), (0.0, b))
+        } else if i % 2 == 0 {
             let b = run(bounded).await;
             (b, run(exhaustive).await)
         } else {

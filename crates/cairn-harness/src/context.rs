@@ -808,8 +808,11 @@ fn assemble_with(
 type Ranked = (u64, f32, DateTime<Utc>);
 
 /// Uncited summaries looked at per level for the summary section (see
-/// `Store::top_summaries`).
-const TOP_SUMMARIES_PER_LEVEL: usize = 64;
+/// `Store::top_summaries`): the section takes the newest that fit its share, and on a
+/// long thread the uncited summaries pile up at the highest level (80 at 200,000 turns),
+/// where the newest sixteen are more than the share holds; each one looked at costs a row
+/// read and a prefix tokenized (64 took a tenth of a bounded call at 200,000 turns).
+const TOP_SUMMARIES_PER_LEVEL: usize = 16;
 /// Bounded recall: at most this deep a vector and a keyword ranking.
 const BOUNDED_DEPTH: usize = 400;
 /// Bounded recall: the query's words held by more memories than this are not searched.
@@ -916,29 +919,58 @@ fn route(
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
     }
     let k = store.search_keyword_ids_capped(keyword_text, ROUTE_DEPTH, &sf, KEYWORD_MAX_MATCHES)?;
-    let mut chosen: Vec<u64> = Vec::new();
-    for (vid, _) in fuse_ids(&[v, k], ROUTE_HITS) {
-        // Down one level at a time, keeping the children nearest the query, so a hit high up
-        // costs its fan-out per level, not every summary under it.
-        let mut frontier = vec![vid];
-        for _ in 0..ROUTE_MAX_DESCENT {
-            let mut below = Vec::new();
-            for v in &frontier {
-                below.extend(store.child_summary_vids(*v)?);
+    // Down one level at a time, keeping the children nearest the query, so a hit high up
+    // costs its fan-out per level, not every summary under it. Every hit descends in the
+    // same steps: one read of links and one of similarities per level for all of them.
+    let mut frontiers: Vec<Vec<u64>> = fuse_ids(&[v, k], ROUTE_HITS)
+        .into_iter()
+        .map(|(vid, _)| vec![vid])
+        .collect();
+    let mut descending: Vec<bool> = vec![true; frontiers.len()];
+    for _ in 0..ROUTE_MAX_DESCENT {
+        let parents: Vec<u64> = frontiers
+            .iter()
+            .zip(&descending)
+            .filter(|(_, d)| **d)
+            .flat_map(|(f, _)| f.iter().copied())
+            .collect();
+        let links = store.child_summary_vids(&parents)?;
+        if links.is_empty() {
+            break;
+        }
+        let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
+        for (parent, child) in &links {
+            children.entry(*parent).or_default().push(*child);
+        }
+        let all: Vec<u64> = links.iter().map(|l| l.1).collect();
+        let near: HashMap<u64, f32> = store.similarities(qv.to_vec(), &all)?.into_iter().collect();
+        for (frontier, d) in frontiers.iter_mut().zip(descending.iter_mut()) {
+            if !*d {
+                continue;
             }
+            let below: Vec<u64> = frontier
+                .iter()
+                .filter_map(|p| children.get(p))
+                .flatten()
+                .copied()
+                .collect();
             if below.is_empty() {
-                break;
+                *d = false;
+                continue;
             }
-            let mut near = store.similarities(qv.to_vec(), &below)?;
-            near.sort_by(|a, b| b.1.total_cmp(&a.1));
-            frontier = near
+            let mut scored: Vec<(u64, f32)> = below
+                .into_iter()
+                .filter_map(|c| near.get(&c).map(|s| (c, *s)))
+                .collect();
+            scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+            *frontier = scored
                 .into_iter()
                 .take(ROUTE_CHILDREN)
                 .map(|(v, _)| v)
                 .collect();
         }
-        chosen.extend(frontier);
     }
+    let mut chosen: Vec<u64> = frontiers.into_iter().flatten().collect();
     let mut seen = HashSet::new();
     chosen.retain(|vid| seen.insert(*vid));
     Ok(store
@@ -946,6 +978,27 @@ fn route(
         .into_iter()
         .map(|(_, from, to)| (from, to))
         .collect())
+}
+
+/// The times whose stretch (see `MemoryBackend::timeline_around`: `before` entries before
+/// the time, then `after` from its first entry) lies whole inside one of `pages`, each a
+/// contiguous part of the same timeline, oldest first. The first entry of a time in a page
+/// is its first in the timeline when an earlier entry of the page precedes it.
+fn held_stretches(
+    pages: &[Vec<TimelineEntry>],
+    before: usize,
+    after: usize,
+) -> HashSet<DateTime<Utc>> {
+    let mut held = HashSet::new();
+    for page in pages {
+        for (i, e) in page.iter().enumerate() {
+            let first = i == 0 || page[i - 1].at < e.at;
+            if first && i >= before.max(1) && i + after <= page.len() {
+                held.insert(e.at);
+            }
+        }
+    }
+    held
 }
 
 /// Joins stretches of one timeline (each contiguous and oldest first) into segments: every
@@ -1050,6 +1103,9 @@ fn bounded_ranking(
         .collect();
     times.sort();
     times.dedup();
+    // A time whose stretch a page read above already holds is not read again.
+    let held = held_stretches(&stretches, NEIGHBOURS, NEIGHBOURS + 1);
+    times.retain(|t| !held.contains(t));
     stretches.extend(store.timeline_around(&f, &times, NEIGHBOURS, NEIGHBOURS + 1)?);
     // A match the stretch around its time does not hold (more turns share that time than
     // the stretch reads) is read on its own.
@@ -1182,6 +1238,29 @@ mod tests {
     /// Overlapping stretches join; stretches that do not touch stay apart even when they
     /// are close in time (turns between them were not read); a single entry inside a
     /// stretch adds nothing; entries come once each, in time order.
+    #[test]
+    fn a_stretch_inside_a_page_is_held() {
+        // Minutes 0..8, two entries at minute 5.
+        let page: Vec<TimelineEntry> = [0, 1, 2, 3, 4, 5, 5, 6, 7]
+            .iter()
+            .enumerate()
+            .map(|(vid, m)| entry(*m, vid as u64))
+            .collect();
+        let held = held_stretches(std::slice::from_ref(&page), 2, 3);
+        let minutes: std::collections::BTreeSet<i64> = held
+            .iter()
+            .map(|t| (*t - entry(0, 0).at).num_minutes())
+            .collect();
+        // Two before and three from the time's first entry: minutes 2 to 5 (5 starts at
+        // index 5: 5, 5, 6 after it); 6 has 7 alone after it.
+        assert_eq!(minutes, [2, 3, 4, 5].into_iter().collect());
+        // A page that may start within a time's entries holds no stretch of its first time.
+        let held = held_stretches(&[page[6..].to_vec()], 0, 1);
+        assert!(!held.contains(&entry(5, 0).at));
+        assert!(held.contains(&entry(6, 0).at));
+        assert!(held_stretches(&[], 2, 3).is_empty());
+    }
+
     #[test]
     fn stretches_join_where_they_overlap() {
         let stretches = vec![

@@ -749,8 +749,8 @@ impl MemoryBackend for PgStore {
         PgStore::leaf_vids(self, summaries)
     }
 
-    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
-        PgStore::child_summary_vids(self, summary)
+    fn child_summary_vids(&self, summaries: &[u64]) -> Result<Vec<(u64, u64)>> {
+        PgStore::child_summary_vids(self, summaries)
     }
 
     fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {

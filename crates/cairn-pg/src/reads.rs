@@ -14,7 +14,7 @@ use pgvector::Vector;
 use tokio_postgres::Row;
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, ThreadId};
-use cairn_store::backend::{match_late_arrivals, SummarySpan};
+use cairn_store::backend::{match_late_arrivals, order_child_links, SummarySpan};
 use cairn_store::{Filter, Hit, Result, StoreError, StoreStats, TimelineEntry};
 
 use crate::sql::{Query, COLS};
@@ -716,22 +716,32 @@ impl PgStore {
     }
 
     /// See [`cairn_store::MemoryBackend::child_summary_vids`].
-    pub(crate) fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
-        let Some(r) = rid(summary) else {
+    pub(crate) fn child_summary_vids(&self, summaries: &[u64]) -> Result<Vec<(u64, u64)>> {
+        let rids: Vec<i64> = summaries.iter().filter_map(|v| rid(*v)).collect();
+        if rids.is_empty() {
             return Ok(Vec::new());
-        };
-        self.block(move |c| async move {
+        }
+        let links = self.block(move |c| async move {
             let rows = c
                 .rows(
-                    "SELECT l.source FROM summary_sources l JOIN memories m ON m.rid = l.source
-                      WHERE l.summary = $1 AND NOT l.continues AND m.kind = 'summary'
-                      ORDER BY l.position",
-                    &[&r],
+                    "SELECT l.summary, l.position, l.source
+                       FROM summary_sources l JOIN memories m ON m.rid = l.source
+                      WHERE l.summary IN (SELECT rid FROM memories
+                                           WHERE rid = ANY($1) AND level > 1)
+                        AND NOT l.continues AND m.kind = 'summary'",
+                    &[&rids],
                 )
                 .await
                 .map_err(pg)?;
-            Ok(rows.iter().map(|r| vid(r.get(0))).collect())
-        })
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let pos: i32 = r.get(1);
+                    (vid(r.get(0)), i64::from(pos), vid(r.get(2)))
+                })
+                .collect())
+        })?;
+        Ok(order_child_links(summaries, links))
     }
 
     /// See [`cairn_store::MemoryBackend::stale_summaries`].

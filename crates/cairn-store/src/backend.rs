@@ -21,7 +21,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
@@ -245,9 +245,11 @@ pub trait MemoryBackend: Send + Sync {
     /// through every level, once each.
     fn leaf_vids(&self, summaries: &[u64]) -> Result<HashSet<u64>>;
 
-    /// The index ids of the summaries a summary (by index id) cites directly, in order,
-    /// continuation links left out.
-    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>>;
+    /// The summaries each summary of `summaries` (index ids) cites directly, as (summary,
+    /// child) index id pairs: summaries in the order given (each once), each one's children
+    /// in their order; continuation links left out, as are ids that are unknown or cite no
+    /// summary. One statement for all of them.
+    fn child_summary_vids(&self, summaries: &[u64]) -> Result<Vec<(u64, u64)>>;
 
     /// Stale summaries `filter` admits, lowest level first, then oldest; at most `limit`.
     fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>>;
@@ -417,6 +419,18 @@ pub struct PreparedMemory {
 /// A level-1 conversation summary as late arrivals are matched to it: its id, insertion
 /// sequence, and the span of its sources' times.
 pub type SummarySpan = (MemoryId, i64, DateTime<Utc>, DateTime<Utc>);
+
+/// [`MemoryBackend::child_summary_vids`]'s order from the links a backend read in any
+/// order, each as (summary, position among its sources, child): summaries in the order of
+/// `summaries` (a summary named twice answers at its first place), children by position.
+pub fn order_child_links(summaries: &[u64], mut links: Vec<(u64, i64, u64)>) -> Vec<(u64, u64)> {
+    let mut place: HashMap<u64, usize> = HashMap::with_capacity(summaries.len());
+    for (i, v) in summaries.iter().enumerate() {
+        place.entry(*v).or_insert(i);
+    }
+    links.sort_by_key(|&(s, pos, _)| (place.get(&s).copied().unwrap_or(usize::MAX), pos));
+    links.into_iter().map(|(s, _, c)| (s, c)).collect()
+}
 
 /// [`MemoryBackend::late_arrivals`] from two reads each backend makes: `uncovered`, the raw
 /// memories no level-1 summary cites (id, insertion sequence, time, thread; oldest first),
@@ -918,8 +932,8 @@ impl MemoryBackend for crate::Store {
         crate::Store::leaf_vids(self, summaries)
     }
 
-    fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
-        crate::Store::child_summary_vids(self, summary)
+    fn child_summary_vids(&self, summaries: &[u64]) -> Result<Vec<(u64, u64)>> {
+        crate::Store::child_summary_vids(self, summaries)
     }
 
     fn stale_summaries(&self, filter: &Filter, limit: usize) -> Result<Vec<MemoryUnit>> {

@@ -1911,7 +1911,15 @@ fn bounded_reads_of_a_long_thread() {
             .unwrap()
     };
     let top = vid_of_summary(level2[1].id);
-    let below = store.child_summary_vids(top).unwrap();
+    let below: Vec<u64> = store
+        .child_summary_vids(&[top])
+        .unwrap()
+        .into_iter()
+        .map(|(parent, child)| {
+            assert_eq!(parent, top);
+            child
+        })
+        .collect();
     let below_ids: Vec<MemoryId> = store
         .hits(below.iter().map(|v| (*v, 0.0)).collect())
         .unwrap()
@@ -1928,7 +1936,7 @@ fn bounded_reads_of_a_long_thread() {
     let times = store.times_of(&[vid_of(3), u64::MAX - 1]).unwrap();
     assert_eq!(times, [(vid_of(3), at(3))]);
     assert!(store
-        .child_summary_vids(vid_of_summary(level1[0].id))
+        .child_summary_vids(&[vid_of_summary(level1[0].id)])
         .unwrap()
         .is_empty());
 }

@@ -551,11 +551,21 @@ pub fn hierarchy_by_index_id(b: &dyn MemoryBackend) {
     );
     assert!(b.leaf_vids(&[v(&t[0])]).unwrap().is_empty());
     assert!(b.leaf_vids(&[]).unwrap().is_empty());
-    assert_eq!(b.child_summary_vids(v(&top)).unwrap(), vec![v(&s2), v(&s1)]);
-    assert!(b.child_summary_vids(v(&s1)).unwrap().is_empty());
-    assert!(b.child_summary_vids(v(&t[0])).unwrap().is_empty());
+    assert_eq!(
+        b.child_summary_vids(&[v(&top)]).unwrap(),
+        vec![(v(&top), v(&s2)), (v(&top), v(&s1))]
+    );
+    assert!(b.child_summary_vids(&[v(&s1)]).unwrap().is_empty());
+    assert!(b.child_summary_vids(&[v(&t[0])]).unwrap().is_empty());
     let unknown = vid.values().max().unwrap() + 1_000;
-    assert!(b.child_summary_vids(unknown).unwrap().is_empty());
+    assert!(b.child_summary_vids(&[unknown]).unwrap().is_empty());
+    assert!(b.child_summary_vids(&[]).unwrap().is_empty());
+    // Several at once: in the order asked, each once, whatever else is named.
+    assert_eq!(
+        b.child_summary_vids(&[unknown, v(&s1), v(&top), v(&t[0]), v(&top)])
+            .unwrap(),
+        vec![(v(&top), v(&s2)), (v(&top), v(&s1))]
+    );
     // Uncited summaries among the newest of each level, oldest first.
     let hy = thread("hy");
     assert_eq!(ids(&b.top_summaries(&hy, 1).unwrap()), vec![top.id, s3.id]);
@@ -610,6 +620,24 @@ pub fn hierarchy_by_index_id(b: &dyn MemoryBackend) {
     assert_eq!(
         b.leaf_vids(&[v(&top)]).unwrap(),
         leaves(&[&t[1], &t[2], &t[4], &t[5]])
+    );
+    // Children of several summaries in one read: in the order asked, each by position.
+    let top2 = b
+        .add_summary(
+            summary_at("hy", vec![s3.id, s0.id], at(15, 0), "top2"),
+            vector(76),
+        )
+        .unwrap();
+    let vid = vids_of(b, &Filter::all());
+    let v = |m: &MemoryUnit| vid[&m.id];
+    assert_eq!(
+        b.child_summary_vids(&[v(&top2), v(&s0), v(&top)]).unwrap(),
+        vec![
+            (v(&top2), v(&s3)),
+            (v(&top2), v(&s0)),
+            (v(&top), v(&s2)),
+            (v(&top), v(&s1)),
+        ]
     );
 }
 

@@ -221,26 +221,52 @@ impl Store {
             .collect())
     }
 
-    /// The index ids of the summaries a summary (by index id) cites directly, in their
-    /// order; continuation links (an earlier version of a moving summary) are left out.
-    /// Empty for an unknown id, or a summary of turns only.
-    pub fn child_summary_vids(&self, summary: u64) -> Result<Vec<u64>> {
-        let vid = i64::try_from(summary).unwrap_or(i64::MAX);
-        self.read(|c| {
-            let mut stmt = c.prepare_cached(
-                "SELECT m.vid FROM summary_sources l
-                   JOIN memories s ON s.rid = l.summary
-                   JOIN memories m ON m.rid = l.source
-                  WHERE s.vid = ?1 AND l.continues = 0 AND m.kind = 'summary'
-                  ORDER BY l.position",
-            )?;
-            let rows = stmt.query_map(params![vid], |r| r.get::<_, i64>(0))?;
+    /// The summaries each summary of `summaries` (index ids) cites directly, as (summary,
+    /// child) index id pairs: summaries in the order given, each one's children in their
+    /// order; continuation links (an earlier version of a moving summary) are left out, as
+    /// are unknown ids and summaries of turns only. One statement per 500 summaries; a
+    /// level-1 summary (its sources all turns) costs one row, not a row per source. The
+    /// joins go in the order written (`CROSS JOIN`): with a list of ids, SQLite's planner
+    /// otherwise started from every summary of the store (8 ms at 200,000 turns, against
+    /// 0.06 ms).
+    pub fn child_summary_vids(&self, summaries: &[u64]) -> Result<Vec<(u64, u64)>> {
+        let mut seen = std::collections::HashSet::new();
+        let unique: Vec<u64> = summaries
+            .iter()
+            .copied()
+            .filter(|v| seen.insert(*v))
+            .collect();
+        let links = self.read(|c| {
             let mut out = Vec::new();
-            for v in rows {
-                out.push(u64::try_from(v?).unwrap_or(u64::MAX));
+            for chunk in unique.chunks(IDS_PER_STATEMENT) {
+                let args: Vec<Value> = chunk
+                    .iter()
+                    .map(|v| Value::Integer(i64::try_from(*v).unwrap_or(i64::MAX)))
+                    .collect();
+                let marks = vec!["?"; args.len()].join(", ");
+                let mut stmt = c.prepare_cached(&format!(
+                    "SELECT s.vid, l.position, m.vid FROM memories s
+                       CROSS JOIN summary_sources l ON l.summary = s.rid
+                       CROSS JOIN memories m ON m.rid = l.source
+                      WHERE s.vid IN ({marks}) AND s.level > 1 AND l.continues = 0
+                        AND m.kind = 'summary'"
+                ))?;
+                let rows = stmt.query_map(rusqlite::params_from_iter(args.iter()), |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })?;
+                for row in rows {
+                    let (s, pos, m) = row?;
+                    let vid = |v: i64| u64::try_from(v).unwrap_or(u64::MAX);
+                    out.push((vid(s), pos, vid(m)));
+                }
             }
             Ok(out)
-        })
+        })?;
+        Ok(crate::backend::order_child_links(summaries, links))
     }
 
     /// `thread`'s summaries that no summary cites (the tops of its trees, and summaries not
