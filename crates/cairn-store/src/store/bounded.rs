@@ -17,6 +17,16 @@ use cairn_core::{MemoryKind, MemoryUnit, ThreadId};
 /// Rows named per statement when reading by index id.
 const IDS_PER_STATEMENT: usize = 500;
 
+/// Index ids as bound values, with the `?, ?, ...` list that names them in an `IN (...)`.
+fn id_list(vids: &[u64]) -> (Vec<Value>, String) {
+    let args: Vec<Value> = vids
+        .iter()
+        .map(|v| Value::Integer(i64::try_from(*v).unwrap_or(i64::MAX)))
+        .collect();
+    let marks = vec!["?"; args.len()].join(", ");
+    (args, marks)
+}
+
 impl Store {
     /// How many live memories of `kinds` `thread` holds, from the index's counters (no row
     /// is read; other handles' writes are caught up first).
@@ -94,11 +104,7 @@ impl Store {
         let mut out = self.read(|c| {
             let mut out = Vec::with_capacity(vids.len());
             for chunk in vids.chunks(IDS_PER_STATEMENT) {
-                let args: Vec<Value> = chunk
-                    .iter()
-                    .map(|v| Value::Integer(i64::try_from(*v).unwrap_or(i64::MAX)))
-                    .collect();
-                let marks = vec!["?"; args.len()].join(", ");
+                let (args, marks) = id_list(chunk);
                 let mut stmt = c.prepare_cached(&format!(
                     "SELECT {TIMELINE_COLS}, m.rid FROM memories m WHERE m.vid IN ({marks})"
                 ))?;
@@ -239,11 +245,7 @@ impl Store {
         let links = self.read(|c| {
             let mut out = Vec::new();
             for chunk in unique.chunks(IDS_PER_STATEMENT) {
-                let args: Vec<Value> = chunk
-                    .iter()
-                    .map(|v| Value::Integer(i64::try_from(*v).unwrap_or(i64::MAX)))
-                    .collect();
-                let marks = vec!["?"; args.len()].join(", ");
+                let (args, marks) = id_list(chunk);
                 let mut stmt = c.prepare_cached(&format!(
                     "SELECT s.vid, l.position, m.vid FROM memories s
                        CROSS JOIN summary_sources l ON l.summary = s.rid
