@@ -980,25 +980,20 @@ fn route(
         .collect())
 }
 
-/// The times whose stretch (see `MemoryBackend::timeline_around`: `before` entries before
-/// the time, then `after` from its first entry) lies whole inside one of `pages`, each a
-/// contiguous part of the same timeline, oldest first. The first entry of a time in a page
-/// is its first in the timeline when an earlier entry of the page precedes it.
-fn held_stretches(
+/// Whether the stretch around `t` (see `MemoryBackend::timeline_around`: `before` entries
+/// before the time, then `after` from its first entry) lies whole inside one of `pages`,
+/// each a contiguous part of the same timeline, oldest first. The first entry of a time in
+/// a page is its first in the timeline when an earlier entry of the page precedes it.
+fn held_stretch(
     pages: &[Vec<TimelineEntry>],
+    t: DateTime<Utc>,
     before: usize,
     after: usize,
-) -> HashSet<DateTime<Utc>> {
-    let mut held = HashSet::new();
-    for page in pages {
-        for (i, e) in page.iter().enumerate() {
-            let first = i == 0 || page[i - 1].at < e.at;
-            if first && i >= before.max(1) && i + after <= page.len() {
-                held.insert(e.at);
-            }
-        }
-    }
-    held
+) -> bool {
+    pages.iter().any(|page| {
+        let i = page.partition_point(|e| e.at < t);
+        page.get(i).is_some_and(|e| e.at == t) && i >= before.max(1) && i + after <= page.len()
+    })
 }
 
 /// Joins stretches of one timeline (each contiguous and oldest first) into segments: every
@@ -1104,8 +1099,7 @@ fn bounded_ranking(
     times.sort();
     times.dedup();
     // A time whose stretch a page read above already holds is not read again.
-    let held = held_stretches(&stretches, NEIGHBOURS, NEIGHBOURS + 1);
-    times.retain(|t| !held.contains(t));
+    times.retain(|t| !held_stretch(&stretches, *t, NEIGHBOURS, NEIGHBOURS + 1));
     stretches.extend(store.timeline_around(&f, &times, NEIGHBOURS, NEIGHBOURS + 1)?);
     // A match the stretch around its time does not hold (more turns share that time than
     // the stretch reads) is read on its own.
@@ -1246,19 +1240,18 @@ mod tests {
             .enumerate()
             .map(|(vid, m)| entry(*m, vid as u64))
             .collect();
-        let held = held_stretches(std::slice::from_ref(&page), 2, 3);
-        let minutes: std::collections::BTreeSet<i64> = held
-            .iter()
-            .map(|t| (*t - entry(0, 0).at).num_minutes())
+        let pages = std::slice::from_ref(&page);
+        let minutes: std::collections::BTreeSet<i64> = (-1..10)
+            .filter(|m| held_stretch(pages, entry(*m, 0).at, 2, 3))
             .collect();
         // Two before and three from the time's first entry: minutes 2 to 5 (5 starts at
         // index 5: 5, 5, 6 after it); 6 has 7 alone after it.
         assert_eq!(minutes, [2, 3, 4, 5].into_iter().collect());
         // A page that may start within a time's entries holds no stretch of its first time.
-        let held = held_stretches(&[page[6..].to_vec()], 0, 1);
-        assert!(!held.contains(&entry(5, 0).at));
-        assert!(held.contains(&entry(6, 0).at));
-        assert!(held_stretches(&[], 2, 3).is_empty());
+        let tail = [page[6..].to_vec()];
+        assert!(!held_stretch(&tail, entry(5, 0).at, 0, 1));
+        assert!(held_stretch(&tail, entry(6, 0).at, 0, 1));
+        assert!(!held_stretch(&[], entry(3, 0).at, 2, 3));
     }
 
     #[test]

@@ -28,6 +28,16 @@ use crate::{DeletePolicy, Filter, Result, StoreError, StoreOptions};
 mod bounded;
 mod restore;
 
+/// Index ids as bound values, with the `?, ?, ...` list that names them in an `IN (...)`.
+fn id_list(vids: impl IntoIterator<Item = u64>) -> (Vec<Value>, String) {
+    let args: Vec<Value> = vids
+        .into_iter()
+        .map(|v| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)))
+        .collect();
+    let marks = vec!["?"; args.len()].join(", ");
+    (args, marks)
+}
+
 /// A summary to be written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewSummary {
@@ -1852,11 +1862,7 @@ impl Store {
         if summaries.is_empty() {
             return Ok(HashSet::new());
         }
-        let marks = vec!["?"; summaries.len()].join(", ");
-        let args: Vec<Value> = summaries
-            .iter()
-            .map(|v| Value::Integer(i64::try_from(*v).unwrap_or(i64::MAX)))
-            .collect();
+        let (args, marks) = id_list(summaries.iter().copied());
         self.read(|c| {
             let mut stmt = c.prepare(&format!(
                 "WITH RECURSIVE down(r) AS (
@@ -2044,11 +2050,7 @@ impl Store {
             // read is skipped.
             let mut rows: HashMap<i64, MemoryUnit> = HashMap::with_capacity(found.len());
             for chunk in found.chunks(500) {
-                let vids: Vec<Value> = chunk
-                    .iter()
-                    .map(|(vid, _)| Value::Integer(i64::try_from(*vid).unwrap_or(i64::MAX)))
-                    .collect();
-                let marks = vec!["?"; vids.len()].join(", ");
+                let (vids, marks) = id_list(chunk.iter().map(|(vid, _)| *vid));
                 let units =
                     query_units_with(c, ", m.vid", &format!("WHERE m.vid IN ({marks})"), &vids)?;
                 rows.extend(units.into_iter().map(|(u, vid)| (vid, u)));

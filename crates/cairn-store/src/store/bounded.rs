@@ -4,7 +4,7 @@
 //! level by level, the summaries under a summary at one level, and keyword search over the
 //! query's uncommon words only.
 
-use super::{fts_or, fts_words, keyword_ids, timeline_entry, Store, TIMELINE_COLS};
+use super::{fts_or, fts_words, id_list, keyword_ids, timeline_entry, Store, TIMELINE_COLS};
 use crate::rows::{from_micros, query_units, to_micros};
 use crate::{Filter, Result, TimelineEntry};
 
@@ -16,16 +16,6 @@ use cairn_core::{MemoryKind, MemoryUnit, ThreadId};
 
 /// Rows named per statement when reading by index id.
 const IDS_PER_STATEMENT: usize = 500;
-
-/// Index ids as bound values, with the `?, ?, ...` list that names them in an `IN (...)`.
-fn id_list(vids: &[u64]) -> (Vec<Value>, String) {
-    let args: Vec<Value> = vids
-        .iter()
-        .map(|v| Value::Integer(i64::try_from(*v).unwrap_or(i64::MAX)))
-        .collect();
-    let marks = vec!["?"; args.len()].join(", ");
-    (args, marks)
-}
 
 impl Store {
     /// How many live memories of `kinds` `thread` holds, from the index's counters (no row
@@ -104,7 +94,7 @@ impl Store {
         let mut out = self.read(|c| {
             let mut out = Vec::with_capacity(vids.len());
             for chunk in vids.chunks(IDS_PER_STATEMENT) {
-                let (args, marks) = id_list(chunk);
+                let (args, marks) = id_list(chunk.iter().copied());
                 let mut stmt = c.prepare_cached(&format!(
                     "SELECT {TIMELINE_COLS}, m.rid FROM memories m WHERE m.vid IN ({marks})"
                 ))?;
@@ -245,7 +235,7 @@ impl Store {
         let links = self.read(|c| {
             let mut out = Vec::new();
             for chunk in unique.chunks(IDS_PER_STATEMENT) {
-                let (args, marks) = id_list(chunk);
+                let (args, marks) = id_list(chunk.iter().copied());
                 let mut stmt = c.prepare_cached(&format!(
                     "SELECT s.vid, l.position, m.vid FROM memories s
                        CROSS JOIN summary_sources l ON l.summary = s.rid
