@@ -10,6 +10,11 @@
 //!   or the baseline) and picked once per search or insert at run time.
 //! * Neighbours are chosen with the paper's heuristic (keep a candidate only when it is
 //!   closer to the new node than to every neighbour already kept), as hnswlib does.
+//! * A vector the graph already holds (the same text stored again) is not linked: it becomes
+//!   a *twin* of the node holding it, on a chain that searches expand, and the search beam
+//!   (`ef`) counts distinct vectors. Linked, the copies of a text repeated 40 times filled
+//!   each other's neighbour lists (99% of the links) and a filtered search for 400 found 4%
+//!   of the true answer.
 //!
 //! Inserting is two steps: [`Hnsw::reserve`] (needs `&mut`: copies the vectors in, draws
 //! each node's level) and [`Hnsw::link`] (needs `&`: connects the reserved nodes, in
@@ -39,14 +44,19 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering as Mem};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering as Mem};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::HnswParams;
 
 const EMPTY: u64 = u64::MAX;
 const MAGIC: &[u8; 8] = b"CAIRNHNS";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// The end of a twin chain.
+const NO_TWIN: u32 = u32::MAX;
+/// Vectors this close (`1 - dot`, in f32) are the same vector stored twice: copies of one
+/// text embed bit for bit alike. Float error in a 384-term dot product is about 1e-7.
+const TWIN_DIST: f32 = 1e-6;
 
 /// What can go wrong building or reading a graph.
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +237,14 @@ pub struct Hnsw {
     /// Layers 1..=level: per node `level` blocks of `[count, id; M]`.
     upper: Vec<Box<[AtomicU32]>>,
     locks: Vec<Mutex<()>>,
+    /// Per node, the next node of its twin chain or [`NO_TWIN`]. A vector inserted again
+    /// (the same text stored twice) is not linked into the graph: it hangs on the chain of
+    /// the node already holding it, and every search that reaches that node offers its
+    /// twins too. Linked, 70 copies of one text would fill each other's neighbour lists
+    /// (each at distance 0 from the rest), cutting the graph into cliques no walk crosses.
+    twins: Vec<AtomicU32>,
+    /// Whether any node has a twin (searches skip the chains otherwise).
+    has_twins: AtomicBool,
     /// `level << 32 | node`, or [`EMPTY`].
     entry: AtomicU64,
     entry_lock: Mutex<()>,
@@ -264,6 +282,8 @@ impl Hnsw {
             links0: Vec::new(),
             upper: Vec::new(),
             locks: Vec::new(),
+            twins: Vec::new(),
+            has_twins: AtomicBool::new(false),
             entry: AtomicU64::new(EMPTY),
             entry_lock: Mutex::new(()),
             scratch: Mutex::new(Vec::new()),
@@ -330,6 +350,7 @@ impl Hnsw {
             self.codes.reserve_exact(extra * self.dim);
             self.scales.reserve_exact(extra);
             self.links0.reserve_exact(extra * (self.m0 + 1));
+            self.twins.reserve_exact(extra);
         }
         for (label, v) in items {
             let level = self.level_for(*label);
@@ -345,6 +366,7 @@ impl Hnsw {
                     .collect(),
             );
             self.locks.push(Mutex::new(()));
+            self.twins.push(AtomicU32::new(NO_TWIN));
         }
         Ok(start..end)
     }
@@ -473,9 +495,73 @@ impl Hnsw {
         }
     }
 
-    /// Best-first search of one layer from `eps`; leaves up to `ef` admitted nodes in
-    /// `s.top`.
+    /// The next node on `node`'s twin chain, or [`NO_TWIN`].
     #[inline(always)]
+    fn twin_next(&self, node: u32) -> u32 {
+        self.twins
+            .get(node as usize)
+            .map_or(NO_TWIN, |t| t.load(Mem::Acquire))
+    }
+
+    /// Whether nodes `a` and `b` hold the same vector (see [`TWIN_DIST`]).
+    #[inline(always)]
+    fn same_vector(&self, a: u32, b: u32) -> bool {
+        a != b && self.dist(self.vector(a), b) <= TWIN_DIST
+    }
+
+    /// The node among the first of `near` (nearest first, by int8 distance, which is off
+    /// by about 1e-3) that holds `q`'s vector.
+    #[inline(always)]
+    fn twin_among(&self, q: u32, near: &[Cand]) -> Option<Cand> {
+        near.iter()
+            .take(4)
+            .find(|c| self.same_vector(q, c.id))
+            .copied()
+    }
+
+    /// Hangs unlinked node `q` on `node`'s twin chain.
+    fn add_twin(&self, node: u32, q: u32) {
+        let (Some(guard), Some(head), Some(next)) = (
+            self.locks.get(node as usize),
+            self.twins.get(node as usize),
+            self.twins.get(q as usize),
+        ) else {
+            return;
+        };
+        let _g = lock(guard);
+        next.store(head.load(Mem::Acquire), Mem::Release);
+        head.store(q, Mem::Release);
+        self.has_twins.store(true, Mem::Release);
+    }
+
+    /// Whether `admit` takes `node`'s own label (all do without a filter).
+    #[inline(always)]
+    fn label_admitted(&self, node: u32, admit: Option<&dyn Fn(u64) -> bool>) -> bool {
+        match admit {
+            None => true,
+            Some(f) => self.labels.get(node as usize).is_some_and(|l| f(*l)),
+        }
+    }
+
+    /// Whether a twin of `node` is admitted.
+    #[inline(always)]
+    fn twin_admitted(&self, node: u32, admitted: &impl Fn(u32) -> bool) -> bool {
+        let mut t = self.twin_next(node);
+        while t != NO_TWIN {
+            if admitted(t) {
+                return true;
+            }
+            t = self.twin_next(t);
+        }
+        false
+    }
+
+    /// Best-first search of one layer from `eps`; leaves up to `ef` admitted nodes in
+    /// `s.top`. With `twins` (searches, not the walks that link a node), a node is admitted
+    /// when one of its twins is, and the caller expands the nodes into their labels: `ef`
+    /// counts distinct vectors, so 70 copies of one text do not narrow the beam to one.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn search_layer(
         &self,
         q: Code<'_>,
@@ -483,12 +569,13 @@ impl Hnsw {
         level: usize,
         ef: usize,
         admit: Option<&dyn Fn(u64) -> bool>,
+        twins: bool,
         s: &mut Scratch,
     ) {
-        let admitted = |id: u32| match admit {
-            None => true,
-            Some(f) => self.labels.get(id as usize).is_some_and(|l| f(*l)),
-        };
+        let label_admitted = |id: u32| self.label_admitted(id, admit);
+        let twins = twins && self.has_twins.load(Mem::Acquire);
+        let admitted =
+            |id: u32| label_admitted(id) || (twins && self.twin_admitted(id, &label_admitted));
         let mut bound = f32::INFINITY;
         for &e in eps {
             if !s.visit(e.id) {
@@ -531,9 +618,9 @@ impl Hnsw {
                         if s.top.len() > ef {
                             s.top.pop();
                         }
-                        if s.top.len() >= ef {
-                            bound = s.top.peek().map_or(f32::INFINITY, |c| c.d);
-                        }
+                    }
+                    if s.top.len() >= ef {
+                        bound = s.top.peek().map_or(f32::INFINITY, |c| c.d);
                     }
                 }
             }
@@ -597,12 +684,37 @@ impl Hnsw {
         for l in (level + 1..=top_level).rev() {
             (ep, d) = self.greedy(v, ep, d, l, &mut ids);
         }
+        // A vector the graph already holds becomes that node's twin instead of a node of
+        // its own. A node on layer 0 only learns it from the search that links it; one
+        // drawn higher is checked first with a short walk down, before it links anything.
+        if level > 0 {
+            let (mut e, mut de) = (ep, d);
+            for l in (1..=level.min(top_level)).rev() {
+                (e, de) = self.greedy(v, e, de, l, &mut ids);
+            }
+            s.reset(self.len());
+            self.search_layer(v, &[Cand { d: de, id: e }], 0, self.m, None, false, &mut s);
+            let mut near: Vec<Cand> = s.top.drain().filter(|c| c.id != q).collect();
+            near.sort_unstable();
+            if let Some(c) = self.twin_among(q, &near) {
+                self.add_twin(c.id, q);
+                self.give_scratch(s);
+                return;
+            }
+        }
         let mut eps = vec![Cand { d, id: ep }];
         for l in (0..=level.min(top_level)).rev() {
             s.reset(self.len());
-            self.search_layer(v, &eps, l, self.ef_construction, None, &mut s);
+            self.search_layer(v, &eps, l, self.ef_construction, None, false, &mut s);
             let mut found: Vec<Cand> = s.top.drain().filter(|c| c.id != q).collect();
             found.sort_unstable();
+            if level == 0 {
+                if let Some(c) = self.twin_among(q, &found) {
+                    self.add_twin(c.id, q);
+                    self.give_scratch(s);
+                    return;
+                }
+            }
             let chosen = self.select(&found, self.m);
             self.set_own_links(q, l, &chosen);
             for c in &chosen {
@@ -741,18 +853,35 @@ impl Hnsw {
             (ep, d) = self.greedy(qc, ep, d, l, &mut ids);
         }
         s.ids = ids;
-        self.search_layer(qc, &[Cand { d, id: ep }], 0, ef, admit, &mut s);
+        self.search_layer(qc, &[Cand { d, id: ep }], 0, ef, admit, true, &mut s);
         // Re-rank the best candidates with the f32 vectors: the true top k sits well inside
         // the approximate top 3k (int8 distances are off by about 1e-3).
+        // A node stands for its admitted twins as well (see `search_layer`).
         let mut approx: Vec<Cand> = s.top.drain().collect();
         approx.sort_unstable();
-        approx.truncate((3 * k).max(32));
-        let mut found: Vec<Cand> = Vec::with_capacity(approx.len());
+        let want = (3 * k).max(32);
+        let twins = self.has_twins.load(Mem::Acquire);
+        let mut found: Vec<Cand> = Vec::with_capacity(want.min(approx.len()));
         for c in approx {
-            found.push(Cand {
-                d: self.dist(q, c.id),
-                id: c.id,
-            });
+            if found.len() >= want {
+                break;
+            }
+            if self.label_admitted(c.id, admit) {
+                found.push(Cand {
+                    d: self.dist(q, c.id),
+                    id: c.id,
+                });
+            }
+            let mut t = if twins { self.twin_next(c.id) } else { NO_TWIN };
+            while t != NO_TWIN {
+                if self.label_admitted(t, admit) {
+                    found.push(Cand {
+                        d: self.dist(q, t),
+                        id: t,
+                    });
+                }
+                t = self.twin_next(t);
+            }
         }
         s.code = code;
         self.give_scratch(s);
@@ -886,6 +1015,8 @@ impl Hnsw {
             .flat_map(|b| b.iter().map(|a| a.load(Mem::Acquire)))
             .collect();
         write_pod(w, &upper, u32::swap_bytes)?;
+        let twins: Vec<u32> = self.twins.iter().map(|a| a.load(Mem::Acquire)).collect();
+        write_pod(w, &twins, u32::swap_bytes)?;
         Ok(())
     }
 
@@ -939,6 +1070,7 @@ impl Hnsw {
         let links0 = read_u32s(r, n * stride0)?;
         let upper_len: usize = g.levels.iter().map(|l| *l as usize * (g.m + 1)).sum();
         let upper = read_u32s(r, upper_len)?;
+        let twins = read_u32s(r, n)?;
         let mut extra = [0u8; 1];
         if r.read(&mut extra)? != 0 {
             return Err(bad("trailing bytes after the graph".into()));
@@ -952,6 +1084,11 @@ impl Hnsw {
         if !check(&links0, g.m0) || !check(&upper, g.m) {
             return Err(bad("a link points outside the graph".into()));
         }
+        if !twin_chains_are_lists(&twins) {
+            return Err(bad("a twin chain points outside the graph or loops".into()));
+        }
+        g.has_twins = AtomicBool::new(twins.iter().any(|t| *t != NO_TWIN));
+        g.twins = twins.into_iter().map(AtomicU32::new).collect();
         g.links0 = links0.into_iter().map(AtomicU32::new).collect();
         let mut rest = upper.as_slice();
         g.upper = Vec::with_capacity(n);
@@ -982,6 +1119,37 @@ impl Hnsw {
             .copied()
             .collect()
     }
+}
+
+/// Whether `next` (per node, the next twin or [`NO_TWIN`]) is a set of simple chains: every
+/// link points at a node, no node is pointed at twice, and no chain loops (a search walks
+/// them to their end).
+fn twin_chains_are_lists(next: &[u32]) -> bool {
+    let n = next.len();
+    let mut pointed = vec![false; n];
+    for &t in next {
+        if t == NO_TWIN {
+            continue;
+        }
+        match pointed.get_mut(t as usize) {
+            Some(p) if !*p => *p = true,
+            _ => return false,
+        }
+    }
+    // Walked from their heads (nodes nobody points at), the chains reach every node that is
+    // pointed at, unless some of them form a loop.
+    let mut reached = 0usize;
+    for head in (0..n).filter(|i| !pointed[*i]) {
+        let mut t = next[head];
+        while t != NO_TWIN {
+            reached += 1;
+            if reached > n {
+                return false;
+            }
+            t = next[t as usize];
+        }
+    }
+    reached == pointed.iter().filter(|p| **p).count()
 }
 
 /// The operations run under [`pulp::Arch::dispatch`]: everything they call on the hot
@@ -1318,5 +1486,119 @@ mod tests {
         e.write_to(&mut buf).unwrap();
         let e = Hnsw::read_from(&mut buf.as_slice(), 4, HnswParams::default()).unwrap();
         assert!(e.is_empty() && e.search(&[1.0, 0.0, 0.0, 0.0], 1, 8, None).is_empty());
+    }
+
+    /// `copies` copies of `distinct` random vectors, copy-major (labels `c * distinct + i`).
+    fn repeated(
+        distinct: usize,
+        copies: usize,
+        dim: usize,
+        threads: usize,
+    ) -> (Hnsw, Vec<Vec<f32>>) {
+        let mut rng = StdRng::seed_from_u64(21);
+        let data: Vec<Vec<f32>> = (0..distinct).map(|_| unit(&mut rng, dim)).collect();
+        let items: Vec<(u64, &[f32])> = (0..copies)
+            .flat_map(|c| {
+                data.iter()
+                    .enumerate()
+                    .map(move |(i, v)| ((c * distinct + i) as u64, v.as_slice()))
+            })
+            .collect();
+        let mut g = Hnsw::new(dim, HnswParams::default());
+        g.insert(&items, threads).unwrap();
+        (g, data)
+    }
+
+    #[test]
+    fn repeated_vectors_hang_on_one_node_and_are_all_found() {
+        // Linked as nodes, 40 copies of each vector filled 99% of the layer-0 lists with
+        // copies of their own node, and a filtered search for 400 found 4% of them.
+        let (distinct, copies) = (400, 40);
+        for threads in [1, 2] {
+            let (g, data) = repeated(distinct, copies, 48, threads);
+            assert_eq!(g.len(), distinct * copies);
+            let mut ids = Vec::new();
+            let (mut links, mut to_copies, mut linked) = (0usize, 0usize, 0usize);
+            for n in 0..g.len() as u32 {
+                g.neighbours(n, 0, &mut ids);
+                linked += usize::from(!ids.is_empty());
+                links += ids.len();
+                to_copies += ids.iter().filter(|x| g.same_vector(n, **x)).count();
+            }
+            // Parallel inserts of one vector can both link before either sees the other.
+            assert!(
+                linked <= distinct + distinct / 20,
+                "{threads} threads: {linked} linked"
+            );
+            assert!(
+                to_copies * 50 <= links,
+                "{to_copies} of {links} links join copies"
+            );
+            let mut rng = StdRng::seed_from_u64(22);
+            for round in 0..30 {
+                let q = unit(&mut rng, 48);
+                let even = |l: u64| l % 2 == 0;
+                let admit: Option<&dyn Fn(u64) -> bool> =
+                    if round % 2 == 0 { Some(&even) } else { None };
+                let got = g.search(&q, 400, 400, admit);
+                let truth: HashSet<u64> =
+                    g.exact(&q, 400, admit).into_iter().map(|x| x.0).collect();
+                assert_eq!(got.len(), 400, "round {round}: a full answer");
+                assert!(got.windows(2).all(|w| w[0].1 <= w[1].1));
+                let hit = got.iter().filter(|x| truth.contains(&x.0)).count();
+                assert!(hit >= 380, "round {round}: {hit} of 400");
+                if let Some(f) = admit {
+                    assert!(got.iter().all(|(l, _)| f(*l)));
+                }
+            }
+            // A stored vector finds every copy of itself, at distance ~0.
+            for (i, v) in data.iter().enumerate().take(20) {
+                let got = g.search(v, copies, 64, None);
+                let want: HashSet<u64> = (0..copies).map(|c| (c * distinct + i) as u64).collect();
+                let labels: HashSet<u64> = got.iter().map(|x| x.0).collect();
+                assert_eq!(labels, want, "copies of {i}");
+                assert!(got.iter().all(|x| x.1.abs() < 1e-5));
+            }
+        }
+    }
+
+    #[test]
+    fn twins_round_trip_and_broken_chains_are_refused() {
+        let (g, data) = repeated(100, 5, 16, 1);
+        assert!(g.has_twins.load(Mem::Relaxed));
+        let mut buf = Vec::new();
+        g.write_to(&mut buf).unwrap();
+        let h = Hnsw::read_from(&mut buf.as_slice(), 16, HnswParams::default()).unwrap();
+        for v in data.iter().take(20) {
+            assert_eq!(g.search(v, 10, 64, None), h.search(v, 10, 64, None));
+            assert_eq!(h.search(v, 5, 64, None).len(), 5);
+        }
+        // The chains are the last 4 bytes per node; two nodes pointing at each other loop.
+        let n = g.len();
+        let at = buf.len() - 4 * n;
+        let mut looped = buf.clone();
+        looped[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+        looped[at + 4..at + 8].copy_from_slice(&0u32.to_le_bytes());
+        assert!(Hnsw::read_from(&mut looped.as_slice(), 16, HnswParams::default()).is_err());
+        let mut wild = buf.clone();
+        wild[at..at + 4].copy_from_slice(&(n as u32).to_le_bytes());
+        assert!(Hnsw::read_from(&mut wild.as_slice(), 16, HnswParams::default()).is_err());
+    }
+
+    #[test]
+    fn twin_chains_are_checked() {
+        let x = NO_TWIN;
+        assert!(twin_chains_are_lists(&[]));
+        assert!(twin_chains_are_lists(&[x, x, x]));
+        assert!(twin_chains_are_lists(&[2, x, 1, x]));
+        assert!(twin_chains_are_lists(&[1, x, 3, x]));
+        assert!(!twin_chains_are_lists(&[1, 0]), "a loop");
+        assert!(
+            !twin_chains_are_lists(&[x, 2, 3, 1]),
+            "a loop beside a head"
+        );
+        assert!(!twin_chains_are_lists(&[0]), "a node its own twin");
+        assert!(!twin_chains_are_lists(&[2, 2, x]), "pointed at twice");
+        assert!(!twin_chains_are_lists(&[5, x]), "outside");
     }
 }

@@ -17,8 +17,9 @@ use crate::hnsw::Hnsw;
 use crate::{HnswParams, Result};
 
 /// Version of the snapshot layout (manifest + graph file). Version 1 held hnsw_rs dump
-/// files; such snapshots are rebuilt from SQLite.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// files; version 2 graphs linked repeated vectors as nodes of their own (see
+/// [`crate::hnsw`]'s twins). Older snapshots are rebuilt from SQLite.
+pub const SNAPSHOT_FORMAT: u32 = 3;
 const GRAPH_FILE: &str = "index.graph";
 const MANIFEST: &str = "manifest.json";
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 use cairn_core::{InputError, MemoryId, MemoryKind, NewMemory, Role, ThreadId};
 use cairn_store::{
     snapshot_dir, DeletePolicy, Filter, HnswParams, NewSummary, Store, StoreError, StoreOptions,
+    SNAPSHOT_FORMAT,
 };
 use common::*;
 use rand::rngs::StdRng;
@@ -179,6 +180,10 @@ fn damaged_snapshots_are_rebuilt() {
     let graph = snap.join("index.graph");
     let original = std::fs::read(&graph).unwrap();
     let manifest = std::fs::read(snap.join("manifest.json")).unwrap();
+    let current = format!("\"format_version\": {SNAPSHOT_FORMAT}");
+    assert!(String::from_utf8(manifest.clone())
+        .unwrap()
+        .contains(&current));
     let damage: Vec<(&str, Box<dyn Fn()>)> = vec![
         (
             "truncated graph",
@@ -211,7 +216,16 @@ fn damaged_snapshots_are_rebuilt() {
             Box::new(|| {
                 let m = String::from_utf8(manifest.clone())
                     .unwrap()
-                    .replace("\"format_version\": 2", "\"format_version\": 1");
+                    .replace(&current, "\"format_version\": 1");
+                std::fs::write(snap.join("manifest.json"), m).unwrap()
+            }),
+        ),
+        (
+            "format 2 (repeated vectors linked as nodes)",
+            Box::new(|| {
+                let m = String::from_utf8(manifest.clone())
+                    .unwrap()
+                    .replace(&current, "\"format_version\": 2");
                 std::fs::write(snap.join("manifest.json"), m).unwrap()
             }),
         ),
@@ -224,7 +238,7 @@ fn damaged_snapshots_are_rebuilt() {
             Box::new(|| {
                 let m = String::from_utf8(manifest.clone())
                     .unwrap()
-                    .replace("\"format_version\": 2", "\"format_version\": 99");
+                    .replace(&current, "\"format_version\": 99");
                 std::fs::write(snap.join("manifest.json"), m).unwrap()
             }),
         ),
