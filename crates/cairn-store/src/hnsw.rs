@@ -41,11 +41,13 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashSet};
 use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering as Mem};
 use std::sync::{Mutex, MutexGuard};
+
+use rustc_hash::FxHashMap;
 
 use crate::HnswParams;
 
@@ -229,8 +231,8 @@ pub struct Hnsw {
     codes: Vec<i8>,
     scales: Vec<f32>,
     labels: Vec<u64>,
-    /// Label → node, for exact scores of chosen labels.
-    nodes: HashMap<u64, u32>,
+    /// Label → node, for exact scores of chosen labels (Fx-hashed: labels are our vids).
+    nodes: FxHashMap<u64, u32>,
     levels: Vec<u8>,
     /// Layer 0: per node `[count, id; 2M]`.
     links0: Vec<AtomicU32>,
@@ -277,7 +279,7 @@ impl Hnsw {
             codes: Vec::new(),
             scales: Vec::new(),
             labels: Vec::new(),
-            nodes: HashMap::new(),
+            nodes: FxHashMap::default(),
             levels: Vec::new(),
             links0: Vec::new(),
             upper: Vec::new(),

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cairn_core::MemoryKind;
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::hnsw::Hnsw;
@@ -62,7 +63,9 @@ pub(crate) type Admit<'a> = dyn Fn(usize, &Attr) -> bool + Sync + 'a;
 /// Attribute rows of live entries plus per-thread and per-kind counts.
 #[derive(Default)]
 pub(crate) struct Attrs {
-    pub map: HashMap<usize, Attr>,
+    /// By vid. Every filtered graph walk looks up each node it reaches here, so the hash is
+    /// Fx (a multiply), not SipHash: vids are our own integers, not attacker-chosen keys.
+    pub map: FxHashMap<usize, Attr>,
     threads: HashMap<String, u32>,
     thread_counts: HashMap<u32, usize>,
     kind_counts: HashMap<MemoryKind, usize>,
