@@ -545,17 +545,11 @@ impl Hnsw {
         }
     }
 
-    /// Whether a twin of `node` is admitted.
+    /// The nodes on `node`'s twin chain.
     #[inline(always)]
-    fn twin_admitted(&self, node: u32, admitted: &impl Fn(u32) -> bool) -> bool {
-        let mut t = self.twin_next(node);
-        while t != NO_TWIN {
-            if admitted(t) {
-                return true;
-            }
-            t = self.twin_next(t);
-        }
-        false
+    fn twins_of(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(Some(self.twin_next(node)), |t| Some(self.twin_next(*t)))
+            .take_while(|t| *t != NO_TWIN)
     }
 
     /// Best-first search of one layer from `eps`; leaves up to `ef` admitted nodes in
@@ -577,7 +571,7 @@ impl Hnsw {
         let label_admitted = |id: u32| self.label_admitted(id, admit);
         let twins = twins && self.has_twins.load(Mem::Acquire);
         let admitted =
-            |id: u32| label_admitted(id) || (twins && self.twin_admitted(id, &label_admitted));
+            |id: u32| label_admitted(id) || (twins && self.twins_of(id).any(label_admitted));
         let mut bound = f32::INFINITY;
         for &e in eps {
             if !s.visit(e.id) {
@@ -862,27 +856,18 @@ impl Hnsw {
         let mut approx: Vec<Cand> = s.top.drain().collect();
         approx.sort_unstable();
         let want = (3 * k).max(32);
-        let twins = self.has_twins.load(Mem::Acquire);
         let mut found: Vec<Cand> = Vec::with_capacity(want.min(approx.len()));
         for c in approx {
             if found.len() >= want {
                 break;
             }
-            if self.label_admitted(c.id, admit) {
-                found.push(Cand {
-                    d: self.dist(q, c.id),
-                    id: c.id,
-                });
-            }
-            let mut t = if twins { self.twin_next(c.id) } else { NO_TWIN };
-            while t != NO_TWIN {
-                if self.label_admitted(t, admit) {
+            for id in std::iter::once(c.id).chain(self.twins_of(c.id)) {
+                if self.label_admitted(id, admit) {
                     found.push(Cand {
-                        d: self.dist(q, t),
-                        id: t,
+                        d: self.dist(q, id),
+                        id,
                     });
                 }
-                t = self.twin_next(t);
             }
         }
         s.code = code;

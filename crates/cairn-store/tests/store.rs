@@ -184,6 +184,12 @@ fn damaged_snapshots_are_rebuilt() {
     assert!(String::from_utf8(manifest.clone())
         .unwrap()
         .contains(&current));
+    let set_format = |v: u32| {
+        let m = String::from_utf8(manifest.clone())
+            .unwrap()
+            .replace(&current, &format!("\"format_version\": {v}"));
+        std::fs::write(snap.join("manifest.json"), m).unwrap()
+    };
     let damage: Vec<(&str, Box<dyn Fn()>)> = vec![
         (
             "truncated graph",
@@ -211,37 +217,16 @@ fn damaged_snapshots_are_rebuilt() {
                 std::fs::write(&graph, g).unwrap()
             }),
         ),
-        (
-            "format 1 (hnsw_rs dump files)",
-            Box::new(|| {
-                let m = String::from_utf8(manifest.clone())
-                    .unwrap()
-                    .replace(&current, "\"format_version\": 1");
-                std::fs::write(snap.join("manifest.json"), m).unwrap()
-            }),
-        ),
+        ("format 1 (hnsw_rs dump files)", Box::new(|| set_format(1))),
         (
             "format 2 (repeated vectors linked as nodes)",
-            Box::new(|| {
-                let m = String::from_utf8(manifest.clone())
-                    .unwrap()
-                    .replace(&current, "\"format_version\": 2");
-                std::fs::write(snap.join("manifest.json"), m).unwrap()
-            }),
+            Box::new(|| set_format(2)),
         ),
         (
             "missing manifest",
             Box::new(|| std::fs::remove_file(snap.join("manifest.json")).unwrap()),
         ),
-        (
-            "other version",
-            Box::new(|| {
-                let m = String::from_utf8(manifest.clone())
-                    .unwrap()
-                    .replace(&current, "\"format_version\": 99");
-                std::fs::write(snap.join("manifest.json"), m).unwrap()
-            }),
-        ),
+        ("other version", Box::new(|| set_format(99))),
         (
             "other model",
             Box::new(|| {
