@@ -128,6 +128,12 @@ pub struct StoreOptions {
     /// swap it in when done, so that writes go on meanwhile; false rebuilds inside the
     /// write that crossed the threshold. Default true.
     pub background_rebuild: bool,
+    /// Bytes of the database file each read connection maps into memory (`PRAGMA
+    /// mmap_size`): reads of mapped pages skip a system call and a copy each, a third of
+    /// the time of a keyword search on a long thread. Mapped pages the process touches count
+    /// in its resident memory, and an I/O error on a mapped page ends the process with a
+    /// signal instead of an error (SQLite's own caveat), so 0 turns it off. Default 1 GiB.
+    pub mmap_bytes: u64,
     /// The clock for default `created_at` values.
     pub clock: Arc<dyn Clock>,
 }
@@ -149,6 +155,7 @@ impl StoreOptions {
             synchronous_full: false,
             index_log_keep: 100_000,
             background_rebuild: true,
+            mmap_bytes: 1 << 30,
             clock: Arc::new(SystemClock),
         }
     }

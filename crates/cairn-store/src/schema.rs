@@ -5,7 +5,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{Result, StoreError, StoreOptions};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Migrations: entry `i` moves a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -122,6 +122,15 @@ ALTER TABLE memories ADD COLUMN supersedes INTEGER;
 CREATE INDEX memories_expires ON memories (expires_at) WHERE expires_at IS NOT NULL;
 CREATE INDEX memories_supersedes ON memories (supersedes) WHERE supersedes IS NOT NULL;
 CREATE INDEX memories_valid_to ON memories (valid_to) WHERE valid_to IS NOT NULL;
+"#,
+    // 9: every column a `Filter` tests but metadata, by rowid, so a keyword search filters
+    // its matches from this index instead of reading each match's row (content and
+    // embedding: a page per match). On a thread of repeated texts a rare word has thousands
+    // of matches.
+    r#"
+CREATE INDEX memories_rid_filter ON memories (
+    rid, vid, kind, thread_id, level, created_at, valid_from, valid_to, expires_at
+);
 "#,
 ];
 

@@ -636,6 +636,10 @@ impl Store {
                 )?;
                 c.busy_timeout(std::time::Duration::from_secs(30))?;
                 schema::tune(&c)?;
+                let mmap = self.inner.shared.options.mmap_bytes;
+                if mmap > 0 {
+                    c.pragma_update(None, "mmap_size", i64::try_from(mmap).unwrap_or(i64::MAX))?;
+                }
                 c
             }
         };
@@ -2716,15 +2720,7 @@ fn keyword_ids(
     filter: &Filter,
     vis: Visibility,
 ) -> Result<Vec<(u64, f32)>> {
-    let (cond, cargs) = filter.sql_at(vis);
-    let mut args = vec![Value::Text(fts)];
-    args.extend(cargs);
-    args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));
-    let sql = format!(
-        "SELECT m.vid, bm25(memories_fts) AS s FROM memories_fts
-         JOIN memories m ON m.rid = memories_fts.rowid
-         WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?"
-    );
+    let (sql, args) = keyword_statement(fts, k, filter, vis);
     let mut stmt = c.prepare_cached(&sql)?;
     let mut out = Vec::new();
     let mut q = stmt.query(rusqlite::params_from_iter(args.iter()))?;
@@ -2735,6 +2731,37 @@ fn keyword_ids(
         out.push((u64::try_from(vid).unwrap_or(u64::MAX), -s as f32));
     }
     Ok(out)
+}
+
+/// The statement of [`keyword_ids`] and its arguments.
+fn keyword_statement(
+    fts: String,
+    k: usize,
+    filter: &Filter,
+    vis: Visibility,
+) -> (String, Vec<Value>) {
+    let (cond, cargs) = filter.sql_at(vis);
+    let mut args = vec![Value::Text(fts)];
+    args.extend(cargs);
+    args.push(Value::Integer(i64::try_from(k).unwrap_or(i64::MAX)));
+    // Without metadata conditions, every column the filter tests is in `memories_rid_filter`
+    // (schema 9): the matches are filtered from that index, not from their rows (content
+    // and embedding, a page each). SQLite's planner prefers the rowid lookup, so the index
+    // is named.
+    let sql = if filter.metadata.is_empty() {
+        format!(
+            "SELECT m.vid, bm25(memories_fts) AS s FROM memories_fts
+             JOIN memories m INDEXED BY memories_rid_filter ON m.rid = memories_fts.rowid
+             WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?"
+        )
+    } else {
+        format!(
+            "SELECT m.vid, bm25(memories_fts) AS s FROM memories_fts
+             JOIN memories m ON m.rid = memories_fts.rowid
+             WHERE memories_fts MATCH ?{cond} ORDER BY s LIMIT ?"
+        )
+    };
+    (sql, args)
 }
 
 /// The columns of a [`TimelineEntry`], over alias `m`.
@@ -3114,7 +3141,49 @@ fn fts_query(text: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::fts_query;
+    use super::{fts_query, keyword_statement, Store, Visibility};
+    use crate::{Filter, MetaFilter, StoreOptions};
+    use cairn_core::{MemoryKind, ThreadId};
+    use chrono::{TimeZone, Utc};
+
+    /// A keyword search filters its matches from `memories_rid_filter` alone whatever the
+    /// filter tests, metadata aside (which needs the row).
+    #[test]
+    fn keyword_matches_are_filtered_from_the_index_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("k.db"), StoreOptions::new("m", 4)).unwrap();
+        let t = Utc.with_ymd_and_hms(2024, 5, 1, 0, 0, 0).unwrap();
+        let every = Filter::all()
+            .kinds([MemoryKind::Conversational, MemoryKind::Summary])
+            .thread(ThreadId::new("t").unwrap())
+            .levels(0, 3)
+            .between(t, t + chrono::Duration::days(1));
+        let cases = [
+            (Filter::all(), true),
+            (every.clone(), true),
+            (every.clone().as_of(t), true),
+            (every.clone().with_history(), true),
+            (Filter::all().thread_less(), true),
+            (every.meta(MetaFilter::eq("speaker", "Ann")), false),
+        ];
+        for (filter, covered) in cases {
+            for timed in [false, true] {
+                let vis = Visibility { now: 0, timed };
+                let (sql, args) = keyword_statement("\"x\"".into(), 5, &filter, vis);
+                let plan: Vec<String> = store
+                    .read(|c| {
+                        Ok(c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?
+                            .query_map(rusqlite::params_from_iter(args.iter()), |r| r.get(3))?
+                            .collect::<rusqlite::Result<_>>()?)
+                    })
+                    .unwrap();
+                let index_alone = plan
+                    .iter()
+                    .any(|p| p.contains("COVERING INDEX memories_rid_filter"));
+                assert_eq!(index_alone, covered, "{filter:?} {plan:?}");
+            }
+        }
+    }
 
     #[test]
     fn fts_queries_are_quoted_words() {

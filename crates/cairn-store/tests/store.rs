@@ -1042,11 +1042,12 @@ fn version_1_databases_are_migrated() {
     // Put the file back to schema 1: the thread index without its covered columns, no
     // speaker index, no index log, none of version 6 (continuation links, thread state, rowid
     // counter, none of version 7 (the thread's summaries by level), none of version 8
-    // (lifetimes).
+    // (lifetimes), none of version 9 (the filter columns by rowid).
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
-            "DROP INDEX memories_expires;
+            "DROP INDEX memories_rid_filter;
+             DROP INDEX memories_expires;
              DROP INDEX memories_supersedes;
              DROP INDEX memories_valid_to;
              ALTER TABLE memories DROP COLUMN expires_at;
@@ -1948,4 +1949,57 @@ fn detach_keeps_the_index_levels_in_step() {
     let store = open(&dir.path().join("detach.db"), cairn_store::conformance::DIM);
     cairn_store::conformance::detach_keeps_levels_in_step_and_deletes_empty_summaries(&store);
     assert!(store.check_index().unwrap().is_consistent());
+}
+
+/// Reads through memory-mapped pages (the default) and through plain reads
+/// (`mmap_bytes = 0`) give the same answers, and a mapped reader sees rows written after it
+/// mapped the file, which grew meanwhile.
+#[test]
+fn mapped_and_unmapped_reads_agree() {
+    let mut answers = Vec::new();
+    for mmap_bytes in [0u64, StoreOptions::new("m", 8).mmap_bytes] {
+        let dir = tmp();
+        let mut opts = options(8);
+        opts.mmap_bytes = mmap_bytes;
+        let store = Store::open(dir.path().join("m.db"), opts).unwrap();
+        let mut rng = StdRng::seed_from_u64(11);
+        let t = ThreadId::new("t").unwrap();
+        let first: Vec<(NewMemory, Vec<f32>)> = (0..200)
+            .map(|i| {
+                let text = format!("turn {i} about {}", ["otters", "kites", "tea"][i % 3]);
+                (
+                    NewMemory::conversational(t.clone(), Role::User, text),
+                    random_unit(&mut rng, 8),
+                )
+            })
+            .collect();
+        store.insert_batch(first).unwrap();
+        let f = Filter::all().thread(t.clone());
+        let before = store.search_keyword_ids("otters", 500, &f).unwrap();
+        assert_eq!(before.len(), 67);
+        // Enough rows to grow the file well past what the reader mapped.
+        let more: Vec<(NewMemory, Vec<f32>)> = (0..2_000)
+            .map(|i| {
+                let text = format!("later turn {i} about otters and {}", "x".repeat(200));
+                (
+                    NewMemory::conversational(t.clone(), Role::User, text),
+                    random_unit(&mut rng, 8),
+                )
+            })
+            .collect();
+        store.insert_batch(more).unwrap();
+        let after = store.search_keyword_ids("otters", 5_000, &f).unwrap();
+        assert_eq!(after.len(), 2_067);
+        let q = random_unit(&mut rng, 8);
+        let near: Vec<u64> = store
+            .search_vector_ids_exact(q, 20, &f)
+            .unwrap()
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect();
+        let mut vids: Vec<u64> = after.iter().map(|(v, _)| *v).collect();
+        vids.sort_unstable();
+        answers.push((before, vids, near));
+    }
+    assert_eq!(answers[0], answers[1]);
 }
