@@ -888,22 +888,43 @@ fn day_start(d: chrono::NaiveDate) -> DateTime<Utc> {
     d.and_time(chrono::NaiveTime::MIN).and_utc()
 }
 
+/// A thread's summaries, every level.
+fn summaries_filter(thread: &ThreadId) -> Filter {
+    Filter::all()
+        .thread(thread.clone())
+        .kinds([MemoryKind::Summary])
+}
+
+/// The keyword side of [`route`]: the thread's summaries of every level that match the
+/// query's rarer words best.
+fn route_keyword_ranking(
+    inner: &Inner,
+    thread: &ThreadId,
+    keyword_text: &str,
+) -> Result<Vec<(u64, f32)>> {
+    Ok(inner.store.search_keyword_ids_capped(
+        keyword_text,
+        ROUTE_DEPTH,
+        &summaries_filter(thread),
+        KEYWORD_MAX_MATCHES,
+    )?)
+}
+
 /// The spans of the level-1 summaries of the thread that recall reads under: the best
 /// [`ROUTE_HITS`] summaries for the query (vector and keyword rankings fused), each one of
 /// level 2 or more replaced, one level at a time, by its [`ROUTE_CHILDREN`] children nearest
 /// the query, down to level 1.
 /// Coarse to fine: the vector ranking looks at the summaries above level 1, so its cost
 /// grows with a four-hundredth of the thread, not with the thread.
+/// `keyword` is [`route_keyword_ranking`]'s, read while the model embeds the query.
 fn route(
     inner: &Inner,
     thread: &ThreadId,
-    keyword_text: &str,
+    keyword: Vec<(u64, f32)>,
     qv: &[f32],
 ) -> Result<Vec<(DateTime<Utc>, DateTime<Utc>)>> {
     let store = &inner.store;
-    let sf = Filter::all()
-        .thread(thread.clone())
-        .kinds([MemoryKind::Summary]);
+    let sf = summaries_filter(thread);
     // By vector, the summaries above level 1 (a twentieth of level 1's at the default
     // chunk size), scored exactly: a thread's summaries are a small share of the store,
     // where a filtered graph walk visits many memories it does not admit. Level 1 only when
@@ -918,11 +939,10 @@ fn route(
         )?);
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
     }
-    let k = store.search_keyword_ids_capped(keyword_text, ROUTE_DEPTH, &sf, KEYWORD_MAX_MATCHES)?;
     // Down one level at a time, keeping the children nearest the query, so a hit high up
     // costs its fan-out per level, not every summary under it. Every hit descends in the
     // same steps: one read of links and one of similarities per level for all of them.
-    let mut frontiers: Vec<Vec<u64>> = fuse_ids(&[v, k], ROUTE_HITS)
+    let mut frontiers: Vec<Vec<u64>> = fuse_ids(&[v, keyword], ROUTE_HITS)
         .into_iter()
         .map(|(vid, _)| vec![vid])
         .collect();
@@ -1046,8 +1066,9 @@ fn bounded_ranking(
     let w = &options.weights;
     let f = turns_filter(thread);
     let depth = options.recall_depth.clamp(1, BOUNDED_DEPTH);
-    // While the model embeds the query: the keyword ranking, the turns not under a summary
-    // yet, the turns of the time range the query names.
+    // While the model embeds the query: the keyword rankings of turns and of summaries
+    // (the route's), the turns not under a summary yet, the turns of the time range the
+    // query names.
     let keyword = store.search_keyword_ids_capped(keyword_text, depth, &f, KEYWORD_MAX_MATCHES)?;
     let mut stretches: Vec<Vec<TimelineEntry>> = Vec::new();
     let mut tail = f.clone();
@@ -1065,12 +1086,13 @@ fn bounded_ranking(
             stretches.push(page);
         }
     }
+    let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
     let qv = join_vector(pending)?;
     let vector = store.search_vector_ids(qv.clone(), depth, &f, None)?;
     let scales = Scales::new(&vector, &keyword, turns);
     // The route: the turns under the summaries that match the query best.
     let mut routed: HashSet<u64> = HashSet::new();
-    for (from, to) in route(inner, thread, keyword_text, &qv)? {
+    for (from, to) in route(inner, thread, route_keyword, &qv)? {
         let span = f
             .clone()
             .between(from, to + chrono::Duration::microseconds(1));
