@@ -6,7 +6,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${CAIRN_PY_VENV:-$root/.cache/py-venv}"
-min="${CAIRN_PY_MIN_TESTS:-56}"
+min="${CAIRN_PY_MIN_TESTS:-57}"
 
 "$root/scripts/setup-py.sh" --install
 

@@ -248,15 +248,17 @@ pub async fn locomo(
                     let ctx = mem
                         .assemble_context_with(thread.as_str(), &q.question, budget, options)
                         .await?;
+                    // A recalled line names every day its words were said on: the turns
+                    // of those days are in the context too.
                     let ids = ctx
                         .items
                         .iter()
-                        .filter_map(|i| {
-                            i.metadata
-                                .get("dia_id")
-                                .and_then(|v| v.as_str())
-                                .map(str::to_owned)
+                        .flat_map(|i| {
+                            std::iter::once(&i.metadata)
+                                .chain(i.repeats.iter().map(|r| &r.metadata))
                         })
+                        .filter_map(|m| m.get("dia_id").and_then(|v| v.as_str()))
+                        .map(str::to_owned)
                         .collect();
                     (ids, ctx.tokens)
                 }

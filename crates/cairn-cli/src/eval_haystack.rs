@@ -584,7 +584,8 @@ async fn run_store(
         let dias: Vec<&str> = ctx
             .items
             .iter()
-            .filter_map(|i| i.metadata.get("dia_id").and_then(|v| v.as_str()))
+            .flat_map(|i| std::iter::once(&i.metadata).chain(i.repeats.iter().map(|r| &r.metadata)))
+            .filter_map(|m| m.get("dia_id").and_then(|v| v.as_str()))
             .collect();
         let found = q
             .evidence

@@ -63,6 +63,24 @@ pub struct ContextItem {
     /// line in the recalled block (plus its day's header line when it is the day's first
     /// recalled turn, plus the block's header and message overhead when it is the first).
     pub tokens: usize,
+    /// For a recalled turn: the other turns of the thread that said the same words on other
+    /// days, oldest first. The context shows the text once, on the day of its best-scored
+    /// copy, with these dates after it, so repeated texts do not crowd out the rest and
+    /// none of the days is lost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<Repeat>,
+}
+
+/// Another turn with the same words as a recalled one, on another day (see
+/// [`ContextItem::repeats`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Repeat {
+    /// Its memory id.
+    pub id: MemoryId,
+    /// When it was said.
+    pub created_at: DateTime<Utc>,
+    /// Its metadata.
+    pub metadata: Metadata,
 }
 
 /// A chat message.
@@ -129,14 +147,92 @@ fn render_item(i: &ContextItem) -> String {
 
 /// A recalled turn as one line of the recalled block (its day is a header line above).
 fn recalled_line(content: &str) -> String {
-    let one_line: String = content
+    repeated_line(content, &[])
+}
+
+/// A recalled turn as one line of the recalled block, with the other days it was said on
+/// after it: `text (also on 2023-06-01, 2023-07-12)`.
+fn repeated_line(content: &str, repeats: &[Repeat]) -> String {
+    let mut line = one_line(content);
+    if !repeats.is_empty() {
+        line.push_str(ALSO_ON);
+        for (n, r) in repeats.iter().enumerate() {
+            if n > 0 {
+                line.push(',');
+            }
+            line.push_str(&date_piece(r));
+        }
+        line.push_str(ALSO_END);
+    }
+    line.push('\n');
+    line
+}
+
+/// What comes between a repeated text and its first other date.
+const ALSO_ON: &str = " (also on";
+/// What closes the dates of a repeated text, with the line.
+const ALSO_END: &str = ")\n";
+
+/// An other date of a repeated text, with the space before it (a comma goes before all but
+/// the first).
+fn date_piece(r: &Repeat) -> String {
+    format!(" {}", r.created_at.format("%Y-%m-%d"))
+}
+
+fn one_line(content: &str) -> String {
+    content
         .chars()
         .map(|c| match c {
             '\n' | '\r' | '\u{0b}' | '\u{0c}' | '\u{85}' | '\u{2028}' | '\u{2029}' => ' ',
             c => c,
         })
-        .collect();
-    format!("{one_line}\n")
+        .collect()
+}
+
+/// Tokens of [`repeated_line`], counted in pieces: the text with [`ALSO_ON`], each date
+/// with its space, each comma, [`ALSO_END`]. The pre-tokenizers of cl100k and o200k (the
+/// counters whose counts are additive over lines) never join two of these pieces (each
+/// starts with a space or a comma after a letter or a digit, and the end is punctuation
+/// after a digit), so the sum is the line's count (`repeated_lines_count_in_pieces`), and a
+/// date added costs its own piece, not the line tokenized again; for other counters the
+/// context is counted again whole at the end.
+#[derive(Debug, Clone, Copy)]
+struct RepeatedLineCount {
+    /// The text with [`ALSO_ON`].
+    head: usize,
+    /// The dates with their spaces.
+    dates: usize,
+    /// A comma.
+    comma: usize,
+    /// [`ALSO_END`].
+    end: usize,
+}
+
+impl RepeatedLineCount {
+    /// The pieces of a line of `content` with no date yet.
+    fn new(counter: &dyn TokenCounter, content: &str) -> Self {
+        Self {
+            head: counter.count(&format!("{}{ALSO_ON}", one_line(content))),
+            dates: 0,
+            comma: counter.count(","),
+            end: counter.count(ALSO_END),
+        }
+    }
+
+    /// The line's tokens with `n` dates (at least one).
+    fn tokens(&self, n: usize) -> usize {
+        self.head + self.dates + self.comma * n.saturating_sub(1) + self.end
+    }
+}
+
+/// Tokens of [`repeated_line`] (see [`RepeatedLineCount`]).
+fn repeated_line_tokens(counter: &dyn TokenCounter, content: &str, repeats: &[Repeat]) -> usize {
+    if repeats.is_empty() {
+        return counter.count(&recalled_line(content));
+    }
+    let mut c = RepeatedLineCount::new(counter, content);
+    c.dates = repeats.iter().map(|r| counter.count(&date_piece(r))).sum();
+    c.tokens(repeats.len())
 }
 
 fn day_header(day: chrono::NaiveDate) -> String {
@@ -166,8 +262,23 @@ impl<'a> RecalledBlockCost<'a> {
 
     /// Tokens a turn of `content` at `at` would add.
     pub fn cost(&self, content: &str, at: DateTime<Utc>) -> usize {
+        self.line_cost(&recalled_line(content), at)
+    }
+
+    /// Tokens a recalled item would add, with its repeats' dates.
+    fn item_cost(&self, i: &ContextItem) -> usize {
+        let line = repeated_line_tokens(self.counter, &i.content, &i.repeats);
+        line + self.headers_cost(i.created_at)
+    }
+
+    fn line_cost(&self, line: &str, at: DateTime<Utc>) -> usize {
+        self.counter.count(line) + self.headers_cost(at)
+    }
+
+    /// The header lines a turn at `at` would add.
+    fn headers_cost(&self, at: DateTime<Utc>) -> usize {
         let day = at.date_naive();
-        let mut tokens = self.counter.count(&recalled_line(content));
+        let mut tokens = 0;
         if !self.days.contains(&day) {
             tokens += self.counter.count(&day_header(day));
         }
@@ -199,7 +310,7 @@ fn recalled_block<'a>(items: impl IntoIterator<Item = &'a ContextItem>) -> Optio
             out.push_str(&day_header(d));
             day = Some(d);
         }
-        out.push_str(&recalled_line(&i.content));
+        out.push_str(&repeated_line(&i.content, &i.repeats));
     }
     (!out.is_empty()).then_some(out)
 }
@@ -487,6 +598,7 @@ fn owned_item(m: MemoryUnit, section: Section) -> ContextItem {
         thread_id: m.thread_id,
         section,
         tokens: 0,
+        repeats: Vec::new(),
     }
 }
 
@@ -736,11 +848,15 @@ fn assemble_with(
         let mut block = RecalledBlockCost::new(counter);
         // A turn whose text is already in the context on the same day (a repeated message,
         // a re-sent tool result) says nothing new: only its best-scored copy is recalled.
-        // The same words on another day are another event, and are kept.
+        // The same words on another day are another event: the day is added to the line
+        // already recalled (see `ContextItem::repeats`), which costs its date, not a line.
         let mut texts: HashSet<(chrono::NaiveDate, String)> = recent
             .iter()
             .map(|i| (i.created_at.date_naive(), i.content.clone()))
             .collect();
+        // Each recalled text's item, and the count of its line's pieces once it has a repeat.
+        let mut lines: HashMap<String, usize> = HashMap::new();
+        let mut folds: HashMap<usize, RepeatedLineCount> = HashMap::new();
         'chunks: for chunk in order.chunks(READ_CHUNK) {
             for hit in inner.store.hits(chunk.to_vec())? {
                 if budget.saturating_sub(used) < MIN_LINE_TOKENS {
@@ -756,6 +872,41 @@ fn assemble_with(
                 if recent_ids.contains(&m.id) || texts.contains(&said) {
                     continue;
                 }
+                if let Some(n) = lines.get(&m.content).copied() {
+                    let it = &mut recalled[n];
+                    let count = folds
+                        .entry(n)
+                        .or_insert_with(|| RepeatedLineCount::new(counter, &it.content));
+                    let before = if it.repeats.is_empty() {
+                        counter.count(&recalled_line(&it.content))
+                    } else {
+                        count.tokens(it.repeats.len())
+                    };
+                    let repeat = Repeat {
+                        id: m.id,
+                        created_at: m.created_at,
+                        metadata: m.metadata,
+                    };
+                    let piece = counter.count(&date_piece(&repeat));
+                    let after = RepeatedLineCount {
+                        dates: count.dates + piece,
+                        ..*count
+                    }
+                    .tokens(it.repeats.len() + 1);
+                    // (`used` holds the line's `before` tokens.)
+                    if used - before + after > budget {
+                        continue;
+                    }
+                    count.dates += piece;
+                    let at = it
+                        .repeats
+                        .partition_point(|r| r.created_at <= repeat.created_at);
+                    it.repeats.insert(at, repeat);
+                    used = used - before + after;
+                    it.tokens = it.tokens - before + after;
+                    texts.insert(said);
+                    continue;
+                }
                 let cost = block.cost(&m.content, m.created_at);
                 // (Turns only, none of them recent: none is in the context yet.)
                 if used + cost > budget {
@@ -764,6 +915,7 @@ fn assemble_with(
                 used += cost;
                 block.add(m.created_at);
                 texts.insert(said);
+                lines.insert(m.content.clone(), recalled.len());
                 let mut it = owned_item(m, Section::Recalled);
                 it.tokens = cost;
                 recalled.push(it);
@@ -1155,7 +1307,7 @@ fn bounded_ranking(
 fn attribute_recalled_tokens(items: &mut [ContextItem], counter: &dyn TokenCounter) {
     let mut block = RecalledBlockCost::new(counter);
     for i in items.iter_mut().filter(|i| i.section == Section::Recalled) {
-        i.tokens = block.cost(&i.content, i.created_at);
+        i.tokens = block.item_cost(i);
         block.add(i.created_at);
     }
 }
@@ -1229,6 +1381,63 @@ mod tests {
             .iter()
             .map(|s| s.iter().map(|e| e.vid).collect())
             .collect()
+    }
+
+    /// A repeated text's line counted in pieces is its count, for the counters whose counts
+    /// add up over lines, whatever the text and the dates.
+    #[test]
+    fn repeated_lines_count_in_pieces() {
+        let texts = [
+            "Walked the dog.",
+            "Room 101",
+            "ends with a bracket (like this)",
+            "trailing spaces   ",
+            "it's Jon's",
+            "comma,",
+            "émoji 🎉",
+            "2023",
+            "on",
+            " ",
+            "line one\nline two",
+        ];
+        let day = |y: i32, m: u32, d: u32| {
+            chrono::NaiveDate::from_ymd_opt(y, m, d)
+                .unwrap()
+                .and_hms_opt(9, 30, 0)
+                .unwrap()
+                .and_utc()
+        };
+        let dates = [
+            day(2023, 5, 8),
+            day(2023, 11, 30),
+            day(1999, 1, 1),
+            day(2100, 12, 31),
+            day(812, 6, 15),
+        ];
+        for c in [
+            crate::TiktokenCounter::cl100k().unwrap(),
+            crate::TiktokenCounter::o200k().unwrap(),
+        ] {
+            for text in texts {
+                for n in 0..=dates.len() {
+                    let repeats: Vec<Repeat> = dates[..n]
+                        .iter()
+                        .map(|at| Repeat {
+                            id: MemoryId::new(),
+                            created_at: *at,
+                            metadata: Metadata::new(),
+                        })
+                        .collect();
+                    let line = repeated_line(text, &repeats);
+                    assert_eq!(
+                        repeated_line_tokens(&c, text, &repeats),
+                        c.count(&line),
+                        "{}: {line:?}",
+                        c.name()
+                    );
+                }
+            }
+        }
     }
 
     /// A summary far longer than the room is told apart from a prefix; one that may fit is

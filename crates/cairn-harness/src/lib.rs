@@ -43,7 +43,7 @@ pub use backup::{BackupError, BackupHeader, BackupImport, BackupRecord, BACKUP_V
 pub use consolidate::{parse_duration, ChunkFailure, ConsolidationPolicy, ConsolidationReport};
 pub use context::{
     AssembledContext, ChatMessage, ContextItem, ContextOptions, ContextScope, RecalledBlockCost,
-    Section,
+    Repeat, Section,
 };
 pub use conversation::{
     AutoContextOptions, AutoContextSummarizer, CompletedSummary, ContextMessage, ConversationStats,

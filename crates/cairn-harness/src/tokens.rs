@@ -226,6 +226,7 @@ mod tests {
             "ends with punctuation...\n",
             "x\n",
             "[2023-05-08]\n",
+            "Said twice. (also on 2023-05-08, 2023-06-01)\n",
         ];
         for c in [
             TiktokenCounter::cl100k().unwrap(),

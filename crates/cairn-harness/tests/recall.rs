@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
 use cairn_core::{Embedder, InputError, MemoryId, NewMemory, Role, ThreadId};
@@ -32,6 +32,15 @@ fn recalled(ctx: &AssembledContext) -> Vec<&str> {
         .filter(|i| i.section == Section::Recalled)
         .map(|i| i.content.as_str())
         .collect()
+}
+
+/// The context's tokens counted again from its rendered messages.
+fn exact_tokens(mem: &MemoryHarness, ctx: &AssembledContext) -> usize {
+    let counter = mem.token_counter();
+    ctx.to_messages()
+        .iter()
+        .map(|m| counter.count_message(&m.content))
+        .sum()
 }
 
 fn recalled_ids(ctx: &AssembledContext) -> Vec<MemoryId> {
@@ -510,7 +519,8 @@ async fn knowledge_and_scope_threads_are_recalled_on_request() {
 /// A text said many times in a day is recalled once that day (its best-scored copy), so the
 /// copies do not crowd out the rest: 40 copies of one reminder re-sent through one day among
 /// 200 turns, a question that matches it, and another turn about the cat. Before, the copies
-/// filled the recalled block. The same words on another day are another event and stay.
+/// filled the recalled block. The same words on another day are another event: the line
+/// recalled names that day too (a repeat with its id), and costs its date, not a line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_texts_are_recalled_once_a_day() {
     let dir = tempfile::tempdir().unwrap();
@@ -554,19 +564,113 @@ async fn repeated_texts_are_recalled_once_a_day() {
         .assemble_context("repeats", "When is the cat's appointment at the vet?", 300)
         .await
         .unwrap();
-    let days: Vec<chrono::NaiveDate> = ctx
+    let lines: Vec<&cairn_harness::ContextItem> = ctx
         .items
         .iter()
         .filter(|i| i.section == Section::Recalled && i.content == reminder)
-        .map(|i| i.created_at.date_naive())
         .collect();
-    let mut unique = days.clone();
-    unique.dedup();
-    assert_eq!(days.len(), 2, "{}", ctx.render());
-    assert_eq!(unique.len(), 2, "{}", ctx.render());
+    assert_eq!(lines.len(), 1, "{}", ctx.render());
+    let line = lines[0];
+    assert_eq!(line.repeats.len(), 1, "{}", ctx.render());
+    let mut days = vec![
+        line.created_at.date_naive(),
+        line.repeats[0].created_at.date_naive(),
+    ];
+    days.sort();
+    assert_eq!(
+        days,
+        [
+            t0.date_naive(),
+            (t0 + chrono::Duration::days(20)).date_naive()
+        ],
+        "{}",
+        ctx.render()
+    );
+    // The repeat is the turn of the other day, by id.
+    let other = mem.get(line.repeats[0].id).await.unwrap();
+    assert_eq!(other.content, reminder);
+    assert_eq!(other.created_at, line.repeats[0].created_at);
+    let other_day = line.repeats[0].created_at.format("%Y-%m-%d").to_string();
+    assert!(
+        ctx.render()
+            .contains(&format!("{reminder} (also on {other_day})\n")),
+        "{}",
+        ctx.render()
+    );
+    // The count of the context is exact, the dates included.
+    assert_eq!(ctx.tokens, exact_tokens(&mem, &ctx));
     assert!(
         recalled(&ctx).iter().any(|t| t.contains("sneezing")),
         "{}",
         ctx.render()
     );
+}
+
+/// Texts said again on many days fold into one recalled line each, whatever the budget: at
+/// every budget the context fits, its count is exact (the dates included), no text is
+/// recalled twice, and every turn it names (a line's own and its repeats) is a distinct turn
+/// of the thread with that text and a day of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_fold_into_one_line_within_any_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir).await;
+    let thread = ThreadId::new("daily").unwrap();
+    let t0 = chrono::DateTime::from_timestamp(1_700_006_400, 0).unwrap(); // 2023-11-15 00:00
+    let daily = [
+        "Morning check-in: blood pressure 120 over 80, took the vitamin D.",
+        "Walked the dog around the lake before work.",
+        "Reminder: water the tomato plants on the balcony.",
+    ];
+    let mut turns = Vec::new();
+    for day in 0..30i64 {
+        for (k, text) in daily.iter().enumerate() {
+            let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(8 + k as i64);
+            turns.push(NewMemory::conversational(thread.clone(), Role::User, *text).at(at));
+        }
+        let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(20);
+        turns.push(
+            NewMemory::conversational(
+                thread.clone(),
+                Role::User,
+                format!("Evening note {day}: nothing else happened today."),
+            )
+            .at(at),
+        );
+    }
+    turns.push(
+        NewMemory::conversational(thread.clone(), Role::User, "Good night.")
+            .at(t0 + chrono::Duration::days(40)),
+    );
+    mem.add_many(turns).await.unwrap();
+    let mut folded = 0;
+    for budget in (30..=600).step_by(19) {
+        let ctx = mem
+            .assemble_context("daily", "How is my blood pressure in the morning?", budget)
+            .await
+            .unwrap();
+        assert_eq!(ctx.tokens, exact_tokens(&mem, &ctx), "budget {budget}");
+        let items: usize = ctx.items.iter().map(|i| i.tokens).sum();
+        assert_eq!(items, ctx.tokens, "budget {budget}");
+        assert!(ctx.tokens <= budget, "budget {budget}: {}", ctx.tokens);
+        let mut texts = HashSet::new();
+        let mut ids = HashSet::new();
+        for i in ctx.items.iter().filter(|i| i.section == Section::Recalled) {
+            assert!(texts.insert(i.content.clone()), "{}", ctx.render());
+            let mut days = HashSet::new();
+            assert!(days.insert(i.created_at.date_naive()));
+            assert!(ids.insert(i.id));
+            for (n, r) in i.repeats.iter().enumerate() {
+                assert!(days.insert(r.created_at.date_naive()), "{}", ctx.render());
+                assert!(ids.insert(r.id));
+                assert!(n == 0 || i.repeats[n - 1].created_at <= r.created_at);
+                let m = mem.get(r.id).await.unwrap();
+                assert_eq!(
+                    (m.content.as_str(), m.created_at),
+                    (i.content.as_str(), r.created_at)
+                );
+            }
+            folded += i.repeats.len();
+        }
+    }
+    assert!(folded > 0, "no repeats folded at any budget");
 }

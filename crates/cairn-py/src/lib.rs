@@ -447,6 +447,11 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
                         "source_ids": i.source_ids.iter().map(ToString::to_string).collect::<Vec<_>>(),
                         "section": i.section,
                         "tokens": i.tokens,
+                        "repeats": i.repeats.iter().map(|r| json!({
+                            "id": r.id.to_string(),
+                            "created_at": r.created_at.to_rfc3339(),
+                            "metadata": r.metadata,
+                        })).collect::<Vec<_>>(),
                     })
                 })
                 .collect();

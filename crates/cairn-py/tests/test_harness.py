@@ -337,6 +337,33 @@ def test_assemble_context_shape(harness, past):
     assert harness.assemble_context("nobody", "anything", budget=300)["items"] == []
 
 
+def test_assemble_context_folds_repeated_texts(harness):
+    # The same words on three days: one recalled line, the other two days as its repeats.
+    start = datetime.now(timezone.utc) - timedelta(days=30)
+    said = "Reminder: the plumber comes on Thursday morning."
+    ids = []
+    for day in range(3):
+        ids += conversation(
+            harness,
+            "t",
+            [said, f"Day {day}: the weather was mild."],
+            start + timedelta(days=day),
+        )
+    conversation(
+        harness, "t", ["Good night.", "Sleep well.", "See you.", "Bye."], start + timedelta(days=10)
+    )
+    ctx = harness.assemble_context("t", "When does the plumber come?", budget=400)
+    lines = [i for i in ctx["items"] if i["section"] == "recalled" and i["content"] == said]
+    assert len(lines) == 1, ctx["text"]
+    line = lines[0]
+    assert len(line["repeats"]) == 2
+    named = {line["id"]} | {r["id"] for r in line["repeats"]}
+    assert named == {ids[0], ids[2], ids[4]}
+    days = sorted(r["created_at"][:10] for r in line["repeats"])
+    assert f"{said} (also on {days[0]}, {days[1]})" in ctx["text"]
+    assert all(i["repeats"] == [] for i in ctx["items"] if i is not line)
+
+
 def test_consolidate_summarizes_old_turns(harness, past):
     conversation(harness, "t", [f"Old turn {i} about gardening." for i in range(15)], past())
     harness.add("A new turn.", thread="t", role="user")

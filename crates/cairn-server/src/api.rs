@@ -430,6 +430,19 @@ pub struct ContextItemOut {
     /// For summaries: what they summarize.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub source_ids: Vec<String>,
+    /// For a recalled turn: the turns that said the same words on other days (shown once,
+    /// with their dates), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub repeats: Vec<RepeatOut>,
+}
+
+/// A turn with the same words as a recalled one, on another day.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
+pub struct RepeatOut {
+    /// Its memory id.
+    pub id: String,
+    /// When it was said (RFC 3339).
+    pub created_at: String,
 }
 
 impl From<&ContextItem> for ContextItemOut {
@@ -454,6 +467,14 @@ impl From<&ContextItem> for ContextItemOut {
             thread: i.thread_id.as_ref().map(|t| t.as_str().to_owned()),
             tokens: i.tokens,
             source_ids: i.source_ids.iter().map(ToString::to_string).collect(),
+            repeats: i
+                .repeats
+                .iter()
+                .map(|r| RepeatOut {
+                    id: r.id.to_string(),
+                    created_at: r.created_at.to_rfc3339(),
+                })
+                .collect(),
         }
     }
 }
@@ -583,4 +604,44 @@ pub struct Timeline {
     pub days: Vec<DayCount>,
     /// The summaries' spans, by level then time.
     pub spans: Vec<SpanOut>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cairn_core::{MemoryId, MemoryKind, Metadata};
+    use cairn_harness::{Repeat, Section};
+
+    /// A recalled item's repeats travel with their ids and dates; an item without any has
+    /// no `repeats` field.
+    #[test]
+    fn context_items_carry_their_repeats() {
+        let at = chrono::DateTime::from_timestamp(1_700_006_400, 0).unwrap();
+        let mut item = ContextItem {
+            id: MemoryId::new(),
+            kind: MemoryKind::Conversational,
+            level: 0,
+            role: None,
+            content: "Walked the dog.".into(),
+            created_at: at,
+            metadata: Metadata::new(),
+            source_ids: Vec::new(),
+            span: None,
+            thread_id: None,
+            section: Section::Recalled,
+            tokens: 9,
+            repeats: Vec::new(),
+        };
+        let plain = serde_json::to_value(ContextItemOut::from(&item)).unwrap();
+        assert!(plain.get("repeats").is_none(), "{plain}");
+        let other = MemoryId::new();
+        item.repeats.push(Repeat {
+            id: other,
+            created_at: at + chrono::Duration::days(3),
+            metadata: Metadata::new(),
+        });
+        let out = serde_json::to_value(ContextItemOut::from(&item)).unwrap();
+        assert_eq!(out["repeats"][0]["id"], other.to_string());
+        assert_eq!(out["repeats"][0]["created_at"], "2023-11-18T00:00:00+00:00");
+    }
 }

@@ -244,7 +244,10 @@ async function preview(q, budget) {
       out.append(el("div", { class: "item", dataset: { section, id: i.id } },
         el("span", { class: "tokens" }, i.tokens + " tok · " + i.created_at.slice(0, 10) + " "),
         who(i.speaker, i.content),
-        el("span", { class: "text" }, i.content)));
+        el("span", { class: "text" }, i.content),
+        (i.repeats || []).length
+          ? el("span", { class: "tokens" }, " (also on " + i.repeats.map((r) => r.created_at.slice(0, 10)).join(", ") + ")")
+          : []));
     }
   }
 }

@@ -371,6 +371,8 @@ class MemoryHarness:
                          scope_where: Optional[dict] = None) -> dict:
         """The context for ``query`` in ``thread`` within ``budget`` tokens: summaries,
         recalled turns, recent turns (``items``), as ``text`` and as chat ``messages``.
+        A recalled item's ``repeats`` lists the turns that said the same words on other
+        days (id, date, metadata): the text is shown once, with those dates.
         ``scope`` (other threads) and ``scope_where`` (metadata, such as a user id) add
         related memories from beyond the thread."""
         return self._call("assemble_context", thread=thread, query=query, budget=budget,
