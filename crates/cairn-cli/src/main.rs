@@ -1037,6 +1037,7 @@ async fn run(mut cli: Cli) -> Result<()> {
                         "content": i.content, "created_at": i.created_at,
                         "metadata": i.metadata, "source_ids": i.source_ids,
                         "span": i.span, "thread_id": i.thread_id,
+                        "repeats": i.repeats,
                     })).collect::<Vec<_>>(),
                 })
             };

@@ -178,7 +178,8 @@ pub trait TokenCounter: Send + Sync {
 
     /// Whether lines that each end in a newline (and hold something besides whitespace)
     /// count, joined, as the sum of their counts: true for BPE encodings whose
-    /// pre-tokenizer ends a piece at every newline (cl100k_base, o200k_base). Context
+    /// pre-tokenizer ends a piece at every newline (cl100k_base; not o200k_base, whose
+    /// punctuation pieces take the slashes that start the next line). Context
     /// assembly then adds line counts instead of recounting a block of recalled turns.
     /// Default false.
     fn newline_additive(&self) -> bool {

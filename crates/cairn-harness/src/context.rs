@@ -63,8 +63,8 @@ pub struct ContextItem {
     /// line in the recalled block (plus its day's header line when it is the day's first
     /// recalled turn, plus the block's header and message overhead when it is the first).
     pub tokens: usize,
-    /// For a recalled turn: the other turns of the thread that said the same words on other
-    /// days, oldest first. The context shows the text once, on the day of its best-scored
+    /// For a recalled turn: the other turns of the thread in which the same speaker (same
+    /// role and metadata `speaker`) said the same words on other days, oldest first. The context shows the text once, on the day of its best-scored
     /// copy, with these dates after it, so repeated texts do not crowd out the rest and
     /// none of the days is lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -190,8 +190,8 @@ fn one_line(content: &str) -> String {
 }
 
 /// Tokens of [`repeated_line`], counted in pieces: the text with [`ALSO_ON`], each date
-/// with its space, each comma, [`ALSO_END`]. The pre-tokenizers of cl100k and o200k (the
-/// counters whose counts are additive over lines) never join two of these pieces (each
+/// with its space, each comma, [`ALSO_END`]. The pre-tokenizers of cl100k and o200k never
+/// join two of these pieces (each
 /// starts with a space or a comma after a letter or a digit, and the end is punctuation
 /// after a digit), so the sum is the line's count (`repeated_lines_count_in_pieces`), and a
 /// date added costs its own piece, not the line tokenized again; for other counters the
@@ -854,8 +854,10 @@ fn assemble_with(
             .iter()
             .map(|i| (i.created_at.date_naive(), i.content.clone()))
             .collect();
-        // Each recalled text's item, and the count of its line's pieces once it has a repeat.
-        let mut lines: HashMap<String, usize> = HashMap::new();
+        // Each recalled text's item (by its words, role and speaker: the same words from
+        // someone else are not folded), and the count of its line's pieces once it has a
+        // repeat.
+        let mut lines: HashMap<(String, Option<Role>, Option<String>), usize> = HashMap::new();
         let mut folds: HashMap<usize, RepeatedLineCount> = HashMap::new();
         'chunks: for chunk in order.chunks(READ_CHUNK) {
             for hit in inner.store.hits(chunk.to_vec())? {
@@ -872,7 +874,8 @@ fn assemble_with(
                 if recent_ids.contains(&m.id) || texts.contains(&said) {
                     continue;
                 }
-                if let Some(n) = lines.get(&m.content).copied() {
+                let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
+                if let Some(n) = lines.get(&line_key).copied() {
                     let it = &mut recalled[n];
                     let count = folds
                         .entry(n)
@@ -915,7 +918,7 @@ fn assemble_with(
                 used += cost;
                 block.add(m.created_at);
                 texts.insert(said);
-                lines.insert(m.content.clone(), recalled.len());
+                lines.insert(line_key, recalled.len());
                 let mut it = owned_item(m, Section::Recalled);
                 it.tokens = cost;
                 recalled.push(it);
@@ -925,7 +928,7 @@ fn assemble_with(
     }
 
     // The block's count is the sum of its lines' for tokenizers that split at newlines
-    // (cl100k, o200k): what was added up while packing is the exact count. For any other,
+    // (cl100k): what was added up while packing is the exact count. For any other,
     // drop the last recalled turns until the exact count of the rendered messages fits.
     let n_summaries = summaries.len();
     let mut items = summaries;

@@ -91,9 +91,12 @@ impl TokenCounter for TiktokenCounter {
     }
 
     fn newline_additive(&self) -> bool {
-        // cl100k_base and o200k_base (the only encodings offered) end a pre-token piece at
-        // every newline; `newline_additive_on_awkward_lines` checks it.
-        true
+        // cl100k_base ends a pre-token piece at every newline
+        // (`newline_additive_on_awkward_lines` checks it). o200k_base does not: a piece of
+        // punctuation takes the newline after it and the slashes that start the next line
+        // (`]\n/reset` is one piece less than `]\n` and `/reset` apart), so a context
+        // counted with it is counted again whole.
+        self.name == "cl100k_base"
     }
 
     fn message_overhead(&self) -> usize {
@@ -227,11 +230,17 @@ mod tests {
             "x\n",
             "[2023-05-08]\n",
             "Said twice. (also on 2023-05-08, 2023-06-01)\n",
+            "/reset\n",
+            "//comment\n",
         ];
-        for c in [
-            TiktokenCounter::cl100k().unwrap(),
-            TiktokenCounter::o200k().unwrap(),
-        ] {
+        let o200k = TiktokenCounter::o200k().unwrap();
+        assert!(!o200k.newline_additive());
+        assert_ne!(
+            o200k.count("[2023-05-08]\n/reset\n"),
+            o200k.count("[2023-05-08]\n") + o200k.count("/reset\n")
+        );
+        {
+            let c = TiktokenCounter::cl100k().unwrap();
             assert!(c.newline_additive());
             for a in lines {
                 for b in lines {

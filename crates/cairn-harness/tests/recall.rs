@@ -608,8 +608,9 @@ async fn repeated_texts_are_recalled_once_a_day() {
 
 /// Texts said again on many days fold into one recalled line each, whatever the budget: at
 /// every budget the context fits, its count is exact (the dates included), no text is
-/// recalled twice, and every turn it names (a line's own and its repeats) is a distinct turn
-/// of the thread with that text and a day of its own.
+/// recalled twice by one role, and every turn it names (a line's own and its repeats) is a
+/// distinct turn of the thread with that text and role and a day of its own. The same words
+/// from the assistant never fold into the user's line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeats_fold_into_one_line_within_any_budget() {
     let dir = tempfile::tempdir().unwrap();
@@ -626,6 +627,10 @@ async fn repeats_fold_into_one_line_within_any_budget() {
         for (k, text) in daily.iter().enumerate() {
             let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(8 + k as i64);
             turns.push(NewMemory::conversational(thread.clone(), Role::User, *text).at(at));
+        }
+        if day < 6 {
+            let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(14);
+            turns.push(NewMemory::conversational(thread.clone(), Role::Assistant, daily[0]).at(at));
         }
         let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(20);
         turns.push(
@@ -655,7 +660,11 @@ async fn repeats_fold_into_one_line_within_any_budget() {
         let mut texts = HashSet::new();
         let mut ids = HashSet::new();
         for i in ctx.items.iter().filter(|i| i.section == Section::Recalled) {
-            assert!(texts.insert(i.content.clone()), "{}", ctx.render());
+            assert!(
+                texts.insert((i.content.clone(), i.role)),
+                "{}",
+                ctx.render()
+            );
             let mut days = HashSet::new();
             assert!(days.insert(i.created_at.date_naive()));
             assert!(ids.insert(i.id));
@@ -665,8 +674,8 @@ async fn repeats_fold_into_one_line_within_any_budget() {
                 assert!(n == 0 || i.repeats[n - 1].created_at <= r.created_at);
                 let m = mem.get(r.id).await.unwrap();
                 assert_eq!(
-                    (m.content.as_str(), m.created_at),
-                    (i.content.as_str(), r.created_at)
+                    (m.content.as_str(), m.created_at, m.role),
+                    (i.content.as_str(), r.created_at, i.role)
                 );
             }
             folded += i.repeats.len();
