@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use cairn_core::{MemoryKind, MemoryUnit, ThreadId};
 use cairn_harness::import::{parse_locomo, LocomoQuestion};
 use cairn_harness::{
-    ConsolidationPolicy, ContextOptions, MemoryHarness, RecalledBlockCost, SearchMode,
+    ConsolidationPolicy, ContextItem, ContextOptions, MemoryHarness, RecalledBlockCost, SearchMode,
     SearchOptions,
 };
 use serde::Serialize;
@@ -253,10 +253,7 @@ pub async fn locomo(
                     let ids = ctx
                         .items
                         .iter()
-                        .flat_map(|i| {
-                            std::iter::once(&i.metadata)
-                                .chain(i.repeats.iter().map(|r| &r.metadata))
-                        })
+                        .flat_map(ContextItem::named_metadata)
                         .filter_map(|m| m.get("dia_id").and_then(|v| v.as_str()))
                         .map(str::to_owned)
                         .collect();

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use cairn_core::{MemoryKind, Metadata, NewMemory, ThreadId, SPEAKER_KEY};
 use cairn_harness::import::{import_id, parse_locomo, LocomoQuestion};
-use cairn_harness::{ConsolidationPolicy, ContextOptions, Filter, MemoryHarness};
+use cairn_harness::{ConsolidationPolicy, ContextItem, ContextOptions, Filter, MemoryHarness};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -584,7 +584,7 @@ async fn run_store(
         let dias: Vec<&str> = ctx
             .items
             .iter()
-            .flat_map(|i| std::iter::once(&i.metadata).chain(i.repeats.iter().map(|r| &r.metadata)))
+            .flat_map(ContextItem::named_metadata)
             .filter_map(|m| m.get("dia_id").and_then(|v| v.as_str()))
             .collect();
         let found = q

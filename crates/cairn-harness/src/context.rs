@@ -64,11 +64,18 @@ pub struct ContextItem {
     /// recalled turn, plus the block's header and message overhead when it is the first).
     pub tokens: usize,
     /// For a recalled turn: the other turns of the thread in which the same speaker (same
-    /// role and metadata `speaker`) said the same words on other days, oldest first. The context shows the text once, on the day of its best-scored
-    /// copy, with these dates after it, so repeated texts do not crowd out the rest and
-    /// none of the days is lost.
+    /// role and metadata `speaker`) said the same words on other days, oldest first. The
+    /// context shows the text once, on the day of its best-scored copy, with these dates
+    /// after it, so repeated texts do not crowd out the rest and none of the days is lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<Repeat>,
+}
+
+impl ContextItem {
+    /// The metadata of every turn the item names: its own, then its repeats'.
+    pub fn named_metadata(&self) -> impl Iterator<Item = &Metadata> {
+        std::iter::once(&self.metadata).chain(self.repeats.iter().map(|r| &r.metadata))
+    }
 }
 
 /// Another turn with the same words as a recalled one, on another day (see
@@ -191,16 +198,17 @@ fn one_line(content: &str) -> String {
 
 /// Tokens of [`repeated_line`], counted in pieces: the text with [`ALSO_ON`], each date
 /// with its space, each comma, [`ALSO_END`]. The pre-tokenizers of cl100k and o200k never
-/// join two of these pieces (each
-/// starts with a space or a comma after a letter or a digit, and the end is punctuation
-/// after a digit), so the sum is the line's count (`repeated_lines_count_in_pieces`), and a
-/// date added costs its own piece, not the line tokenized again; for other counters the
-/// context is counted again whole at the end.
+/// join two of these pieces (each starts with a space or a comma after a letter or a digit,
+/// and the end is punctuation after a digit), so the sum is the line's count
+/// (`repeated_lines_count_in_pieces`), and a date added costs its own piece, not the line
+/// tokenized again; for other counters the context is counted again whole at the end.
 #[derive(Debug, Clone, Copy)]
 struct RepeatedLineCount {
+    /// The line without dates ([`recalled_line`]).
+    plain: usize,
     /// The text with [`ALSO_ON`].
     head: usize,
-    /// The dates with their spaces.
+    /// The dates added so far, with their spaces.
     dates: usize,
     /// A comma.
     comma: usize,
@@ -209,9 +217,10 @@ struct RepeatedLineCount {
 }
 
 impl RepeatedLineCount {
-    /// The pieces of a line of `content` with no date yet.
+    /// The pieces of a line of `content`, no date added yet.
     fn new(counter: &dyn TokenCounter, content: &str) -> Self {
         Self {
+            plain: counter.count(&recalled_line(content)),
             head: counter.count(&format!("{}{ALSO_ON}", one_line(content))),
             dates: 0,
             comma: counter.count(","),
@@ -219,20 +228,23 @@ impl RepeatedLineCount {
         }
     }
 
-    /// The line's tokens with `n` dates (at least one).
-    fn tokens(&self, n: usize) -> usize {
-        self.head + self.dates + self.comma * n.saturating_sub(1) + self.end
+    /// The line's tokens with `n` dates whose pieces count `dates`.
+    fn tokens(&self, n: usize, dates: usize) -> usize {
+        match n {
+            0 => self.plain,
+            n => self.head + dates + self.comma * (n - 1) + self.end,
+        }
     }
 }
 
-/// Tokens of [`repeated_line`] (see [`RepeatedLineCount`]).
+/// Tokens of [`repeated_line`] (see [`RepeatedLineCount`]); a line without repeats is
+/// counted whole, as before there were any.
 fn repeated_line_tokens(counter: &dyn TokenCounter, content: &str, repeats: &[Repeat]) -> usize {
     if repeats.is_empty() {
         return counter.count(&recalled_line(content));
     }
-    let mut c = RepeatedLineCount::new(counter, content);
-    c.dates = repeats.iter().map(|r| counter.count(&date_piece(r))).sum();
-    c.tokens(repeats.len())
+    let dates = repeats.iter().map(|r| counter.count(&date_piece(r))).sum();
+    RepeatedLineCount::new(counter, content).tokens(repeats.len(), dates)
 }
 
 fn day_header(day: chrono::NaiveDate) -> String {
@@ -880,22 +892,15 @@ fn assemble_with(
                     let count = folds
                         .entry(n)
                         .or_insert_with(|| RepeatedLineCount::new(counter, &it.content));
-                    let before = if it.repeats.is_empty() {
-                        counter.count(&recalled_line(&it.content))
-                    } else {
-                        count.tokens(it.repeats.len())
-                    };
+                    let n_before = it.repeats.len();
+                    let before = count.tokens(n_before, count.dates);
                     let repeat = Repeat {
                         id: m.id,
                         created_at: m.created_at,
                         metadata: m.metadata,
                     };
                     let piece = counter.count(&date_piece(&repeat));
-                    let after = RepeatedLineCount {
-                        dates: count.dates + piece,
-                        ..*count
-                    }
-                    .tokens(it.repeats.len() + 1);
+                    let after = count.tokens(n_before + 1, count.dates + piece);
                     // (`used` holds the line's `before` tokens.)
                     if used - before + after > budget {
                         continue;
