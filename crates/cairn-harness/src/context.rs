@@ -1208,6 +1208,21 @@ fn join_stretches(stretches: Vec<Vec<TimelineEntry>>) -> Vec<Vec<TimelineEntry>>
     segments
 }
 
+/// What bounded recall's keyword lane read: the turns' keyword ranking, and the turns under
+/// the summaries the query routes to (see [`route`]), a page per summary.
+struct KeywordLane {
+    keyword: Vec<(u64, f32)>,
+    pages: Vec<Vec<TimelineEntry>>,
+}
+
+/// What bounded recall's vector lane read: the turns no summary covers yet and those of the
+/// time range the query names, the query's vector and the turns' vector ranking.
+struct VectorLane {
+    stretches: Vec<Vec<TimelineEntry>>,
+    qv: Vec<f32>,
+    vector: Vec<(u64, f32)>,
+}
+
 /// Recall on a thread of `turns` turns, longer than [`ContextOptions::bounded_above`]: the
 /// same scores as [`exhaustive_ranking`], on the whole thread's scales, for the turns worth
 /// reading only — the turns under the summaries the query routes to (see [`route`]), the
@@ -1226,40 +1241,83 @@ fn bounded_ranking(
     let w = &options.weights;
     let f = turns_filter(thread);
     let depth = options.recall_depth.clamp(1, BOUNDED_DEPTH);
-    // While the model embeds the query: the keyword rankings of turns and of summaries
-    // (the route's), the turns not under a summary yet, the turns of the time range the
-    // query names.
-    let keyword = store.search_keyword_ids_capped(keyword_text, depth, &f, KEYWORD_MAX_MATCHES)?;
-    let mut stretches: Vec<Vec<TimelineEntry>> = Vec::new();
-    let mut tail = f.clone();
-    tail.after = store
-        .consolidated_until(thread)?
-        .map(|t| t + chrono::Duration::microseconds(1));
-    stretches.push(store.timeline_page(&tail, TAIL_MAX, true)?.0);
+    // Two lanes, each reading through its own connection. The keyword lane ranks the turns
+    // and the summaries (the route's) by keyword, then, given the query's vector, routes
+    // through the summaries and reads the turns under the summaries it chose. This thread
+    // reads the turns not under a summary yet and those of the time range the query names,
+    // waits for the vector and ranks the turns by it. While the model embeds the query, the
+    // keyword lane runs beside it; once the vector is there, the route runs beside the
+    // vector ranking (without the model, everything but the route runs beside it).
     let speakers = store.thread_speakers(thread)?;
     let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
-    if let Some(range) = cues.range {
-        let (from, to) = bonus_range(range);
-        let within = f.clone().between(day_start(from), day_start(to));
-        let (page, more) = store.timeline_page(&within, RANGE_MAX, false)?;
-        if !more {
-            stretches.push(page);
-        }
-    }
-    let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
-    let qv = join_vector(pending)?;
-    let vector = store.search_vector_ids(qv.clone(), depth, &f, None)?;
+    let (send_qv, take_qv) = std::sync::mpsc::sync_channel::<Vec<f32>>(1);
+    let lane_filter = &f;
+    let (vector_side, keyword_side) = std::thread::scope(|s| {
+        let lane = s.spawn(move || -> Result<Option<KeywordLane>> {
+            let f = lane_filter;
+            let keyword =
+                store.search_keyword_ids_capped(keyword_text, depth, f, KEYWORD_MAX_MATCHES)?;
+            let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
+            // No vector: the other lane failed, and returns its error.
+            let Ok(qv) = take_qv.recv() else {
+                return Ok(None);
+            };
+            let mut pages = Vec::new();
+            for (from, to) in route(inner, thread, route_keyword, &qv)? {
+                let span = f
+                    .clone()
+                    .between(from, to + chrono::Duration::microseconds(1));
+                pages.push(store.timeline_page(&span, SPAN_MAX, false)?.0);
+            }
+            Ok(Some(KeywordLane { keyword, pages }))
+        });
+        let vector_side = (|| -> Result<VectorLane> {
+            let mut stretches: Vec<Vec<TimelineEntry>> = Vec::new();
+            let mut tail = f.clone();
+            tail.after = store
+                .consolidated_until(thread)?
+                .map(|t| t + chrono::Duration::microseconds(1));
+            stretches.push(store.timeline_page(&tail, TAIL_MAX, true)?.0);
+            if let Some(range) = cues.range {
+                let (from, to) = bonus_range(range);
+                let within = f.clone().between(day_start(from), day_start(to));
+                let (page, more) = store.timeline_page(&within, RANGE_MAX, false)?;
+                if !more {
+                    stretches.push(page);
+                }
+            }
+            let qv = join_vector(pending)?;
+            // (The keyword lane is waiting for it, or has failed: then its error is told.)
+            let _gone = send_qv.send(qv.clone());
+            let vector = store.search_vector_ids(qv.clone(), depth, &f, None)?;
+            Ok(VectorLane {
+                stretches,
+                qv,
+                vector,
+            })
+        })();
+        // Without a vector the keyword lane stops waiting for one.
+        drop(send_qv);
+        let keyword_side = lane
+            .join()
+            .map_err(|_| HarnessError::Task("the keyword ranking panicked".into()));
+        (vector_side, keyword_side)
+    });
+    let VectorLane {
+        mut stretches,
+        qv,
+        vector,
+    } = vector_side?;
+    // (With the vector sent, the keyword lane had it.)
+    let Some(KeywordLane { keyword, pages }) = keyword_side?? else {
+        return Err(HarnessError::Task(
+            "the keyword ranking had no vector".into(),
+        ));
+    };
     let scales = Scales::new(&vector, &keyword, turns);
-    // The route: the turns under the summaries that match the query best.
-    let mut routed: HashSet<u64> = HashSet::new();
-    for (from, to) in route(inner, thread, route_keyword, &qv)? {
-        let span = f
-            .clone()
-            .between(from, to + chrono::Duration::microseconds(1));
-        let (page, _) = store.timeline_page(&span, SPAN_MAX, false)?;
-        routed.extend(page.iter().map(|e| e.vid));
-        stretches.push(page);
-    }
+    // The route's turns: under the summaries that match the query best.
+    let routed: HashSet<u64> = pages.iter().flatten().map(|e| e.vid).collect();
+    stretches.extend(pages);
     // Around the best matches by vector or keyword alone.
     let mut vmap: HashMap<u64, f32> = vector.iter().copied().collect();
     let kmap: HashMap<u64, f32> = keyword.iter().copied().collect();

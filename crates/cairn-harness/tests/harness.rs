@@ -951,6 +951,60 @@ async fn out_of_range_options_are_errors() {
     assert_eq!(hits.len(), 1);
 }
 
+/// An embedder whose model fails on texts that say so.
+struct Broken(HashEmbedder);
+
+impl Embedder for Broken {
+    fn model_id(&self) -> &str {
+        self.0.model_id()
+    }
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+        if texts.iter().any(|t| t.contains("BROKEN")) {
+            return Err(cairn_core::EmbedError::Inference("the model failed".into()));
+        }
+        self.0.embed(texts)
+    }
+}
+
+/// When the query's embedding fails, `assemble_context` returns the embedder's error on the
+/// exhaustive path and on the bounded one, where the keyword ranking runs on a thread of
+/// its own and waits for the vector: it is told there is none, and nothing hangs. The same
+/// thread answers the next query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_query_embedding_is_a_typed_error_on_both_recall_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, Arc::new(Broken(HashEmbedder::new(64)))).await;
+    let t = ThreadId::new("t").unwrap();
+    let turns: Vec<NewMemory> = (0..200)
+        .map(|i| NewMemory::conversational(t.clone(), Role::User, format!("turn {i} about fish")))
+        .collect();
+    mem.add_many(turns).await.unwrap();
+    for bounded_above in [0, usize::MAX] {
+        let options = cairn_harness::ContextOptions {
+            bounded_above,
+            ..cairn_harness::ContextOptions::default()
+        };
+        let r = mem
+            .assemble_context_with("t", "BROKEN fish?", 500, options)
+            .await;
+        assert!(
+            matches!(r, Err(HarnessError::Embed(_))),
+            "bounded_above {bounded_above}: {r:?}"
+        );
+        let ctx = mem
+            .assemble_context_with("t", "fish?", 500, options)
+            .await
+            .unwrap();
+        assert!(ctx
+            .items
+            .iter()
+            .any(|i| i.section == cairn_harness::Section::Recalled));
+    }
+}
+
 /// An embedder that returns one vector too few for batches of two or more, and vectors of
 /// the wrong dimension for texts that say so.
 struct Liar(HashEmbedder);
