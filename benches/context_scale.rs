@@ -15,7 +15,9 @@
 //! Reported per size: p50/p99 per path, the share of the exhaustive path's recalled turns the
 //! bounded path recalls too (the hashing vectors carry no meaning, so this measures what the
 //! bound leaves out, not answer quality: `cairn eval locomo --haystack` does that), and the
-//! reading process's resident memory against the store's size on disk.
+//! reading process's resident memory (and its proportional share, which counts a page of
+//! the database file once however many reader connections map it) against the store's size
+//! on disk.
 //!
 //! `cargo bench --bench context_scale` (`CAIRN_BENCH_STORE_DIR=DIR` keeps the stores there
 //! and reuses them on the next run; `CAIRN_BENCH_PG=postgres://...` builds each store in a
@@ -126,6 +128,19 @@ fn rss_kib() -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Proportional resident memory of this process, in KiB (Linux): a page mapped twice (each
+/// pooled reader connection maps the database file on its own) counts once, where the
+/// resident set counts it once per mapping.
+fn pss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Pss:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Bytes of a store on disk: the database, its write-ahead log, the index snapshot.
@@ -248,7 +263,7 @@ async fn child(db: &str, n: usize, model: bool) {
     }
     let (rss, peak) = rss_kib();
     println!(
-        "RESULT {} {} {} {} {} {} {} {}",
+        "RESULT {} {} {} {} {} {} {} {} {}",
         pct(&tb, 0.5),
         pct(&tb, 0.99),
         pct(&te, 0.5),
@@ -256,7 +271,8 @@ async fn child(db: &str, n: usize, model: bool) {
         shared as f64 / of.max(1) as f64,
         rss,
         peak,
-        store_bytes(std::path::Path::new(db))
+        store_bytes(std::path::Path::new(db)),
+        pss_kib()
     );
 }
 
@@ -292,9 +308,9 @@ async fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     println!(
-        "| turns | build + consolidate (s) | bounded p50 / p99 (ms) | exhaustive p50 / p99 (ms) | with the model: bounded p50 / p99 | exhaustive p50 / p99 | bounded recalls of exhaustive's | reader RSS / peak (MiB) | store on disk (MiB) |"
+        "| turns | build + consolidate (s) | bounded p50 / p99 (ms) | exhaustive p50 / p99 (ms) | with the model: bounded p50 / p99 | exhaustive p50 / p99 | bounded recalls of exhaustive's | reader RSS / peak (MiB) | reader PSS (MiB) | store on disk (MiB) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let tmp = tempfile::tempdir().unwrap();
         // `CAIRN_BENCH_STORE_DIR` keeps the stores there and reuses them (build time 0).
@@ -352,7 +368,7 @@ async fn main() {
         let model = run_child(&db, n, true);
         let mib = |kib: f64| kib / 1024.0;
         println!(
-            "| {n} | {build_s:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.3} | {:.0} / {:.0} | {:.0} |",
+            "| {n} | {build_s:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.3} | {:.0} / {:.0} | {:.0} | {:.0} |",
             plain[0],
             plain[1],
             plain[2],
@@ -364,6 +380,7 @@ async fn main() {
             plain[4],
             mib(plain[5]),
             mib(plain[6]),
+            mib(plain[8]),
             plain[7] / 1_048_576.0
         );
     }
