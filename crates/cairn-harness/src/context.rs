@@ -706,8 +706,16 @@ pub(crate) fn assemble_blocking(
     // vector.
     let (vector_text, keyword_text) = search_texts(inner, thread, query, options)?;
     std::thread::scope(|s| {
-        let mut pending =
-            Some(s.spawn(|| inner.embedder.embed_one(&vector_text).map_err(Into::into)));
+        let mut pending = Some(
+            std::thread::Builder::new()
+                .name("cairn-embed-query".into())
+                .spawn_scoped(s, || {
+                    inner.embedder.embed_one(&vector_text).map_err(Into::into)
+                })
+                .map_err(|e| {
+                    HarnessError::Task(format!("no thread for the query embedding: {e}"))
+                })?,
+        );
         let out = assemble_with(
             inner,
             thread,
@@ -1241,36 +1249,49 @@ fn bounded_ranking(
     let w = &options.weights;
     let f = turns_filter(thread);
     let depth = options.recall_depth.clamp(1, BOUNDED_DEPTH);
-    // Two lanes, each reading through its own connection. The keyword lane ranks the turns
-    // and the summaries (the route's) by keyword, then, given the query's vector, routes
-    // through the summaries and reads the turns under the summaries it chose. This thread
-    // reads the turns not under a summary yet and those of the time range the query names,
-    // waits for the vector and ranks the turns by it. While the model embeds the query, the
-    // keyword lane runs beside it; once the vector is there, the route runs beside the
-    // vector ranking (without the model, everything but the route runs beside it).
+    // Two lanes, reading at once through separate pooled connections. The keyword lane ranks
+    // the turns and the summaries (the route's) by keyword, then, given the query's vector,
+    // routes through the summaries and reads the turns under the summaries it chose. This
+    // thread reads the turns not under a summary yet and those of the time range the query
+    // names, waits for the vector and ranks the turns by it. So the keyword rankings run
+    // while the model embeds the query (without the model, while the vector ranking runs),
+    // and the route runs while the vector ranking does.
     let speakers = store.thread_speakers(thread)?;
     let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
     let (send_qv, take_qv) = std::sync::mpsc::sync_channel::<Vec<f32>>(1);
     let lane_filter = &f;
     let (vector_side, keyword_side) = std::thread::scope(|s| {
-        let lane = s.spawn(move || -> Result<Option<KeywordLane>> {
-            let f = lane_filter;
-            let keyword =
-                store.search_keyword_ids_capped(keyword_text, depth, f, KEYWORD_MAX_MATCHES)?;
-            let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
-            // No vector: the other lane failed, and returns its error.
-            let Ok(qv) = take_qv.recv() else {
-                return Ok(None);
-            };
-            let mut pages = Vec::new();
-            for (from, to) in route(inner, thread, route_keyword, &qv)? {
-                let span = f
-                    .clone()
-                    .between(from, to + chrono::Duration::microseconds(1));
-                pages.push(store.timeline_page(&span, SPAN_MAX, false)?.0);
+        let lane = std::thread::Builder::new()
+            .name("cairn-keyword-lane".into())
+            .spawn_scoped(s, move || -> Result<Option<KeywordLane>> {
+                let f = lane_filter;
+                let keyword =
+                    store.search_keyword_ids_capped(keyword_text, depth, f, KEYWORD_MAX_MATCHES)?;
+                let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
+                // No vector: the other lane failed, and returns its error.
+                let Ok(qv) = take_qv.recv() else {
+                    return Ok(None);
+                };
+                let mut pages = Vec::new();
+                for (from, to) in route(inner, thread, route_keyword, &qv)? {
+                    let span = f
+                        .clone()
+                        .between(from, to + chrono::Duration::microseconds(1));
+                    pages.push(store.timeline_page(&span, SPAN_MAX, false)?.0);
+                }
+                Ok(Some(KeywordLane { keyword, pages }))
+            });
+        let lane = match lane {
+            Ok(lane) => lane,
+            Err(e) => {
+                return (
+                    Err(HarnessError::Task(format!(
+                        "no thread for the keyword ranking: {e}"
+                    ))),
+                    Ok(Ok(None)),
+                )
             }
-            Ok(Some(KeywordLane { keyword, pages }))
-        });
+        };
         let vector_side = (|| -> Result<VectorLane> {
             let mut stretches: Vec<Vec<TimelineEntry>> = Vec::new();
             let mut tail = f.clone();
@@ -1287,9 +1308,13 @@ fn bounded_ranking(
                 }
             }
             let qv = join_vector(pending)?;
-            // (The keyword lane is waiting for it, or has failed: then its error is told.)
-            let _gone = send_qv.send(qv.clone());
-            let vector = store.search_vector_ids(qv.clone(), depth, &f, None)?;
+            // The keyword lane is waiting for it, or has failed: then its error is returned,
+            // and the vector ranking is not needed.
+            let vector = if send_qv.send(qv.clone()).is_ok() {
+                store.search_vector_ids(qv.clone(), depth, &f, None)?
+            } else {
+                Vec::new()
+            };
             Ok(VectorLane {
                 stretches,
                 qv,

@@ -972,9 +972,34 @@ impl Embedder for Broken {
 /// When the query's embedding fails, `assemble_context` returns the embedder's error on the
 /// exhaustive path and on the bounded one, where the keyword ranking runs on a thread of
 /// its own and waits for the vector: it is told there is none, and nothing hangs. The same
-/// thread answers the next query.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_query_embedding_is_a_typed_error_on_both_recall_paths() {
+/// thread answers the next query. The calls run on a thread with a deadline, so a
+/// regression that hangs fails this test instead of stalling the suite.
+#[test]
+fn a_failing_query_embedding_is_a_typed_error_on_both_recall_paths() {
+    let (done, finished) = std::sync::mpsc::channel();
+    let calls = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(failing_query_embedding_calls());
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("assemble_context did not return within 120 s")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = calls.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+async fn failing_query_embedding_calls() {
     let dir = tempfile::tempdir().unwrap();
     let mem = open(&dir, Arc::new(Broken(HashEmbedder::new(64)))).await;
     let t = ThreadId::new("t").unwrap();

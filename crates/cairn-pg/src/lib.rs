@@ -81,7 +81,9 @@ pub struct PgOptions {
     pub model_id: String,
     /// The embedding dimension.
     pub dim: usize,
-    /// Most connections held open. Default 8.
+    /// Most connections held open. Default 8. `assemble_context` on a thread longer than
+    /// `ContextOptions::bounded_above` reads through two at once; calls beyond the pool wait
+    /// for a connection.
     pub pool_size: usize,
     /// The clock that dates memories written without a time.
     pub clock: Arc<dyn Clock>,

@@ -38,7 +38,9 @@ use crate::{
 /// What every Cairn storage backend does: rows with their embeddings, summary links both
 /// ways, vector and keyword search under a [`Filter`], thread reads and deletes under a
 /// [`DeletePolicy`]. Every method blocks; every write is one transaction (all of it or
-/// nothing), and an error means nothing was written.
+/// nothing), and an error means nothing was written. Methods may be called from several
+/// threads at once, plain threads with no async runtime among them (context assembly on a
+/// long thread reads through two at a time).
 ///
 /// The semantics are those documented on [`crate::Store`]'s methods of the same names; the
 /// conformance suite (`cairn_store::conformance`, feature `conformance`) checks them on every
