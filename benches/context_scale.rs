@@ -116,31 +116,27 @@ fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// A `Name: value kB` field of a /proc file's text, in KiB (0 when absent).
+fn kib_field(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Resident memory of this process, in KiB (Linux), and its peak.
 fn rss_kib() -> (u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (kib_field(&status, "VmRSS:"), kib_field(&status, "VmHWM:"))
 }
 
 /// Proportional resident memory of this process, in KiB (Linux): a page mapped twice (each
 /// pooled reader connection maps the database file on its own) counts once, where the
 /// resident set counts it once per mapping.
 fn pss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/smaps_rollup")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Pss:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    kib_field(&rollup, "Pss:")
 }
 
 /// Bytes of a store on disk: the database, its write-ahead log, the index snapshot.

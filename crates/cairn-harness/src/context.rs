@@ -1247,7 +1247,7 @@ fn bounded_ranking(
 ) -> Result<(Vec<Ranked>, Vec<f32>)> {
     let store = &inner.store;
     let w = &options.weights;
-    let f = turns_filter(thread);
+    let f = &turns_filter(thread);
     let depth = options.recall_depth.clamp(1, BOUNDED_DEPTH);
     // Two lanes, reading at once through separate pooled connections. The keyword lane ranks
     // the turns and the summaries (the route's) by keyword, then, given the query's vector,
@@ -1259,12 +1259,10 @@ fn bounded_ranking(
     let speakers = store.thread_speakers(thread)?;
     let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
     let (send_qv, take_qv) = std::sync::mpsc::sync_channel::<Vec<f32>>(1);
-    let lane_filter = &f;
-    let (vector_side, keyword_side) = std::thread::scope(|s| {
+    let (vector_side, keyword_side) = std::thread::scope(|s| -> Result<_> {
         let lane = std::thread::Builder::new()
             .name("cairn-keyword-lane".into())
             .spawn_scoped(s, move || -> Result<Option<KeywordLane>> {
-                let f = lane_filter;
                 let keyword =
                     store.search_keyword_ids_capped(keyword_text, depth, f, KEYWORD_MAX_MATCHES)?;
                 let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
@@ -1280,18 +1278,8 @@ fn bounded_ranking(
                     pages.push(store.timeline_page(&span, SPAN_MAX, false)?.0);
                 }
                 Ok(Some(KeywordLane { keyword, pages }))
-            });
-        let lane = match lane {
-            Ok(lane) => lane,
-            Err(e) => {
-                return (
-                    Err(HarnessError::Task(format!(
-                        "no thread for the keyword ranking: {e}"
-                    ))),
-                    Ok(Ok(None)),
-                )
-            }
-        };
+            })
+            .map_err(|e| HarnessError::Task(format!("no thread for the keyword ranking: {e}")))?;
         let vector_side = (|| -> Result<VectorLane> {
             let mut stretches: Vec<Vec<TimelineEntry>> = Vec::new();
             let mut tail = f.clone();
@@ -1311,7 +1299,7 @@ fn bounded_ranking(
             // The keyword lane is waiting for it, or has failed: then its error is returned,
             // and the vector ranking is not needed.
             let vector = if send_qv.send(qv.clone()).is_ok() {
-                store.search_vector_ids(qv.clone(), depth, &f, None)?
+                store.search_vector_ids(qv.clone(), depth, f, None)?
             } else {
                 Vec::new()
             };
@@ -1323,22 +1311,20 @@ fn bounded_ranking(
         })();
         // Without a vector the keyword lane stops waiting for one.
         drop(send_qv);
-        let keyword_side = lane
-            .join()
-            .map_err(|_| HarnessError::Task("the keyword ranking panicked".into()));
-        (vector_side, keyword_side)
-    });
+        let keyword_side = lane.join();
+        // This lane's error first: a failed embedding is why the keyword lane had no vector.
+        let vector_side = vector_side?;
+        let keyword_side = keyword_side
+            .map_err(|_| HarnessError::Task("the keyword ranking panicked".into()))??
+            .ok_or_else(|| HarnessError::Task("the keyword ranking had no vector".into()))?;
+        Ok((vector_side, keyword_side))
+    })?;
     let VectorLane {
         mut stretches,
         qv,
         vector,
-    } = vector_side?;
-    // (With the vector sent, the keyword lane had it.)
-    let Some(KeywordLane { keyword, pages }) = keyword_side?? else {
-        return Err(HarnessError::Task(
-            "the keyword ranking had no vector".into(),
-        ));
-    };
+    } = vector_side;
+    let KeywordLane { keyword, pages } = keyword_side;
     let scales = Scales::new(&vector, &keyword, turns);
     // The route's turns: under the summaries that match the query best.
     let routed: HashSet<u64> = pages.iter().flatten().map(|e| e.vid).collect();
@@ -1365,7 +1351,7 @@ fn bounded_ranking(
     times.dedup();
     // A time whose stretch a page read above already holds is not read again.
     times.retain(|t| !held_stretch(&stretches, *t, NEIGHBOURS, NEIGHBOURS + 1));
-    stretches.extend(store.timeline_around(&f, &times, NEIGHBOURS, NEIGHBOURS + 1)?);
+    stretches.extend(store.timeline_around(f, &times, NEIGHBOURS, NEIGHBOURS + 1)?);
     // A match the stretch around its time does not hold (more turns share that time than
     // the stretch reads) is read on its own.
     let read: HashSet<u64> = stretches.iter().flatten().map(|e| e.vid).collect();
