@@ -230,6 +230,7 @@ mod tests {
             "x\n",
             "[2023-05-08]\n",
             "Said twice. (also on 2023-05-08, 2023-06-01)\n",
+            "Said often. (also on 2023: May 8, Jun 1; 2024: Jan 5)\n",
             "/reset\n",
             "//comment\n",
         ];

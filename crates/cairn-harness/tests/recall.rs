@@ -590,7 +590,7 @@ async fn repeated_texts_are_recalled_once_a_day() {
     let other = mem.get(line.repeats[0].id).await.unwrap();
     assert_eq!(other.content, reminder);
     assert_eq!(other.created_at, line.repeats[0].created_at);
-    let other_day = line.repeats[0].created_at.format("%Y-%m-%d").to_string();
+    let other_day = line.repeats[0].created_at.format("%Y: %b %-d").to_string();
     assert!(
         ctx.render()
             .contains(&format!("{reminder} (also on {other_day})\n")),

@@ -359,8 +359,15 @@ def test_assemble_context_folds_repeated_texts(harness):
     assert len(line["repeats"]) == 2
     named = {line["id"]} | {r["id"] for r in line["repeats"]}
     assert named == {ids[0], ids[2], ids[4]}
-    days = sorted(r["created_at"][:10] for r in line["repeats"])
-    assert f"{said} (also on {days[0]}, {days[1]})" in ctx["text"]
+    days = sorted(datetime.fromisoformat(r["created_at"][:10]) for r in line["repeats"])
+    # Grouped by year: "2024: Mar 1, Mar 3" (or "2024: Dec 30; 2025: Jan 1").
+    groups = [f"{d.year}: {d.strftime('%b')} {d.day}" for d in days]
+    if days[0].year == days[1].year:
+        groups[1] = f"{days[1].strftime('%b')} {days[1].day}"
+        also = ", ".join(groups)
+    else:
+        also = "; ".join(groups)
+    assert f"{said} (also on {also})" in ctx["text"]
     assert all(i["repeats"] == [] for i in ctx["items"] if i is not line)
 
 
