@@ -613,10 +613,12 @@ async fn repeated_texts_are_recalled_once_a_day() {
 /// from the assistant never fold into the user's line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeats_fold_into_one_line_within_any_budget() {
+    use chrono::Datelike;
     let dir = tempfile::tempdir().unwrap();
     let mem = open(&dir).await;
     let thread = ThreadId::new("daily").unwrap();
-    let t0 = chrono::DateTime::from_timestamp(1_700_006_400, 0).unwrap(); // 2023-11-15 00:00
+    // 2023-12-20 00:00: the thirty days cross a year, so lines fold dates of two years.
+    let t0 = chrono::DateTime::from_timestamp(1_703_030_400, 0).unwrap();
     let daily = [
         "Morning check-in: blood pressure 120 over 80, took the vitamin D.",
         "Walked the dog around the lake before work.",
@@ -648,6 +650,7 @@ async fn repeats_fold_into_one_line_within_any_budget() {
     );
     mem.add_many(turns).await.unwrap();
     let mut folded = 0;
+    let mut across_years = 0;
     for budget in (30..=600).step_by(19) {
         let ctx = mem
             .assemble_context("daily", "How is my blood pressure in the morning?", budget)
@@ -679,7 +682,13 @@ async fn repeats_fold_into_one_line_within_any_budget() {
                 );
             }
             folded += i.repeats.len();
+            if i.repeats.first().map(|r| r.created_at.year())
+                != i.repeats.last().map(|r| r.created_at.year())
+            {
+                across_years += 1;
+            }
         }
     }
     assert!(folded > 0, "no repeats folded at any budget");
+    assert!(across_years > 0, "no line named days of two years");
 }

@@ -361,9 +361,10 @@ def test_assemble_context_folds_repeated_texts(harness):
     assert named == {ids[0], ids[2], ids[4]}
     days = sorted(datetime.fromisoformat(r["created_at"][:10]) for r in line["repeats"])
     # Grouped by year: "2024: Mar 1, Mar 3" (or "2024: Dec 30; 2025: Jan 1").
-    groups = [f"{d.year}: {d.strftime('%b')} {d.day}" for d in days]
+    month = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
+    groups = [f"{d.year}: {month[d.month - 1]} {d.day}" for d in days]
     if days[0].year == days[1].year:
-        groups[1] = f"{days[1].strftime('%b')} {days[1].day}"
+        groups[1] = f"{month[days[1].month - 1]} {days[1].day}"
         also = ", ".join(groups)
     else:
         also = "; ".join(groups)
