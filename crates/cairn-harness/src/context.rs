@@ -1538,15 +1538,14 @@ mod tests {
             " ",
             "line one\nline two",
         ];
-        let day = repeat_on;
         // Oldest first, as a line's repeats are: one year's group, then others.
         let dates = [
-            day(812, 6, 15),
-            day(1999, 1, 1),
-            day(2023, 5, 8),
-            day(2023, 9, 21),
-            day(2023, 11, 30),
-            day(2100, 12, 31),
+            repeat_on(812, 6, 15),
+            repeat_on(1999, 1, 1),
+            repeat_on(2023, 5, 8),
+            repeat_on(2023, 9, 21),
+            repeat_on(2023, 11, 30),
+            repeat_on(2100, 12, 31),
         ];
         for c in [
             crate::TiktokenCounter::cl100k().unwrap(),
@@ -1566,7 +1565,7 @@ mod tests {
             }
             // Every month's name, one- and two-digit days, three years.
             let many: Vec<Repeat> = (2023..=2025)
-                .flat_map(|y| (1..=12).flat_map(move |m| [day(y, m, 1), day(y, m, 28)]))
+                .flat_map(|y| (1..=12).flat_map(move |m| [repeat_on(y, m, 1), repeat_on(y, m, 28)]))
                 .collect();
             for text in texts {
                 let line = repeated_line(text, &many);
@@ -1583,28 +1582,27 @@ mod tests {
     /// The other days of a repeated text are grouped by year, oldest first.
     #[test]
     fn repeated_lines_group_their_dates_by_year() {
-        let at = repeat_on;
         assert_eq!(repeated_line("Said once.", &[]), "Said once.\n");
         assert_eq!(
-            repeated_line("Said twice.", &[at(2023, 6, 1)]),
+            repeated_line("Said twice.", &[repeat_on(2023, 6, 1)]),
             "Said twice. (also on 2023: Jun 1)\n"
         );
         assert_eq!(
             repeated_line(
                 "Said often.",
                 &[
-                    at(2023, 6, 1),
-                    at(2023, 7, 12),
-                    at(2024, 1, 5),
-                    at(2024, 12, 31)
+                    repeat_on(2023, 6, 1),
+                    repeat_on(2023, 7, 12),
+                    repeat_on(2024, 1, 5),
+                    repeat_on(2024, 12, 31)
                 ]
             ),
             "Said often. (also on 2023: Jun 1, Jul 12; 2024: Jan 5, Dec 31)\n"
         );
         // Half the tokens of full dates in cl100k: four a date with its comma, not eight.
         let c = crate::TiktokenCounter::cl100k().unwrap();
-        let five: Vec<Repeat> = (1..=5).map(|m| at(2023, m, 10 + m)).collect();
-        let six: Vec<Repeat> = (1..=6).map(|m| at(2023, m, 10 + m)).collect();
+        let five: Vec<Repeat> = (1..=5).map(|m| repeat_on(2023, m, 10 + m)).collect();
+        let six: Vec<Repeat> = (1..=6).map(|m| repeat_on(2023, m, 10 + m)).collect();
         assert_eq!(
             repeated_line_tokens(&c, "x", &six) - repeated_line_tokens(&c, "x", &five),
             4
