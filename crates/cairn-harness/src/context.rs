@@ -7,7 +7,7 @@ use chrono::{DateTime, Datelike, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
-use cairn_store::{Filter, MetaFilter, TimelineEntry};
+use cairn_store::{Filter, Hit, MemoryBackend, MetaFilter, TimelineEntry};
 
 use crate::harness::{blocking, fuse_ids, hybrid_ids, Inner};
 use crate::recall::{
@@ -635,7 +635,7 @@ fn hidden(m: &MemoryUnit, now: DateTime<Utc>) -> bool {
 }
 
 /// Recalled candidates read per statement, best first.
-const READ_CHUNK: usize = 64;
+const READ_CHUNK: usize = 32;
 /// At most this many candidates are tried for the recalled block.
 const MAX_TRIED: usize = 320;
 
@@ -701,6 +701,56 @@ fn join_vector(pending: PendingVector<'_>) -> Result<Vec<f32>> {
     pending
         .join()
         .map_err(|_| HarnessError::Task("the query embedding panicked".into()))?
+}
+
+/// Reads the rows of the ranked turns `order` (best first) in chunks and hands them to
+/// `take` in that order, until it returns false; rows whose memory is gone are skipped.
+/// With more than one chunk, the next chunk's rows are read on another thread while `take`
+/// looks at the last one's (it counts their tokens: about as long as reading them).
+fn read_ranked(
+    inner: &Inner,
+    order: &[(u64, f32)],
+    mut take: impl FnMut(Hit) -> bool,
+) -> Result<()> {
+    if order.len() <= READ_CHUNK {
+        for hit in inner.store.hits(order.to_vec())? {
+            if !take(hit) {
+                break;
+            }
+        }
+        return Ok(());
+    }
+    std::thread::scope(|s| {
+        // One chunk waits while the next is read: the reader stays at most two ahead.
+        let (send, rows) = std::sync::mpsc::sync_channel::<Result<Vec<Hit>>>(1);
+        let reader = std::thread::Builder::new()
+            .name("cairn-read-recalled".into())
+            .spawn_scoped(s, move || {
+                for chunk in order.chunks(READ_CHUNK) {
+                    let hits = inner.store.hits(chunk.to_vec()).map_err(HarnessError::from);
+                    let failed = hits.is_err();
+                    // A closed channel: `take` has had enough.
+                    if send.send(hits).is_err() || failed {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| HarnessError::Task(format!("no thread to read recalled turns: {e}")))?;
+        let taken = (|| -> Result<()> {
+            for hits in rows {
+                for hit in hits? {
+                    if !take(hit) {
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(())
+        })();
+        // (`rows` is dropped here: a reader waiting to send stops.)
+        let joined = reader.join();
+        taken?;
+        joined.map_err(|_| HarnessError::Task("reading recalled turns panicked".into()))
+    })
 }
 
 fn turns_filter(thread: &ThreadId) -> Filter {
@@ -927,64 +977,63 @@ fn assemble_with(
         // repeat.
         let mut lines: HashMap<(String, Option<Role>, Option<String>), usize> = HashMap::new();
         let mut folds: HashMap<usize, RepeatedLineCount> = HashMap::new();
-        'chunks: for chunk in order.chunks(READ_CHUNK) {
-            for hit in inner.store.hits(chunk.to_vec())? {
-                if budget.saturating_sub(used) < MIN_LINE_TOKENS {
-                    break 'chunks;
-                }
-                let m = hit.memory;
-                // (Turns reached through summaries on a long thread are read by id: one that
-                // expired or was superseded since is left out here.)
-                if hidden(&m, inner.clock.now()) {
-                    continue;
-                }
-                let said = (m.created_at.date_naive(), m.content.clone());
-                if recent_ids.contains(&m.id) || texts.contains(&said) {
-                    continue;
-                }
-                let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
-                if let Some(n) = lines.get(&line_key).copied() {
-                    let it = &mut recalled[n];
-                    let count = folds
-                        .entry(n)
-                        .or_insert_with(|| RepeatedLineCount::new(counter, &it.content));
-                    let before = count.tokens();
-                    let repeat = Repeat {
-                        id: m.id,
-                        created_at: m.created_at,
-                        metadata: m.metadata,
-                    };
-                    let mut with = count.clone();
-                    with.add(counter, &repeat);
-                    let after = with.tokens();
-                    // (`used` holds the line's `before` tokens.)
-                    if used - before + after > budget {
-                        continue;
-                    }
-                    *count = with;
-                    let at = it
-                        .repeats
-                        .partition_point(|r| r.created_at <= repeat.created_at);
-                    it.repeats.insert(at, repeat);
-                    used = used - before + after;
-                    it.tokens = it.tokens - before + after;
-                    texts.insert(said);
-                    continue;
-                }
-                let cost = block.cost(&m.content, m.created_at);
-                // (Turns only, none of them recent: none is in the context yet.)
-                if used + cost > budget {
-                    continue;
-                }
-                used += cost;
-                block.add(m.created_at);
-                texts.insert(said);
-                lines.insert(line_key, recalled.len());
-                let mut it = owned_item(m, Section::Recalled);
-                it.tokens = cost;
-                recalled.push(it);
+        read_ranked(inner, &order, |hit| {
+            if budget.saturating_sub(used) < MIN_LINE_TOKENS {
+                return false;
             }
-        }
+            let m = hit.memory;
+            // (Turns reached through summaries on a long thread are read by id: one that
+            // expired or was superseded since is left out here.)
+            if hidden(&m, inner.clock.now()) {
+                return true;
+            }
+            let said = (m.created_at.date_naive(), m.content.clone());
+            if recent_ids.contains(&m.id) || texts.contains(&said) {
+                return true;
+            }
+            let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
+            if let Some(n) = lines.get(&line_key).copied() {
+                let it = &mut recalled[n];
+                let count = folds
+                    .entry(n)
+                    .or_insert_with(|| RepeatedLineCount::new(counter, &it.content));
+                let before = count.tokens();
+                let repeat = Repeat {
+                    id: m.id,
+                    created_at: m.created_at,
+                    metadata: m.metadata,
+                };
+                let mut with = count.clone();
+                with.add(counter, &repeat);
+                let after = with.tokens();
+                // (`used` holds the line's `before` tokens.)
+                if used - before + after > budget {
+                    return true;
+                }
+                *count = with;
+                let at = it
+                    .repeats
+                    .partition_point(|r| r.created_at <= repeat.created_at);
+                it.repeats.insert(at, repeat);
+                used = used - before + after;
+                it.tokens = it.tokens - before + after;
+                texts.insert(said);
+                return true;
+            }
+            let cost = block.cost(&m.content, m.created_at);
+            // (Turns only, none of them recent: none is in the context yet.)
+            if used + cost > budget {
+                return true;
+            }
+            used += cost;
+            block.add(m.created_at);
+            texts.insert(said);
+            lines.insert(line_key, recalled.len());
+            let mut it = owned_item(m, Section::Recalled);
+            it.tokens = cost;
+            recalled.push(it);
+            true
+        })?;
         recalled.sort_by_key(|i| i.created_at);
     }
 
@@ -1051,6 +1100,9 @@ const SPAN_MAX: usize = 64;
 const WINDOWS: usize = 100;
 /// Bounded recall: neighbours read on each side of a match.
 const NEIGHBOURS: usize = 2;
+/// Bounded recall: from this many matches on, their stretches are read in two halves at
+/// once.
+const AROUND_SPLIT: usize = 32;
 
 /// Every turn of the thread scored for the query (see `recall`), best first (ties in time
 /// order).
@@ -1279,6 +1331,35 @@ struct VectorLane {
     vector: Vec<(u64, f32)>,
 }
 
+/// The stretches of [`NEIGHBOURS`] turns around each of `times` (see
+/// `MemoryBackend::timeline_around`), in the order of `times`. Many times are read in two
+/// halves at once, through two pooled connections: a stretch is two index seeks, and a
+/// hundred of them took as long as a lane's ranking at 200,000 turns.
+fn stretches_around(
+    store: &dyn MemoryBackend,
+    f: &Filter,
+    times: &[DateTime<Utc>],
+) -> Result<Vec<Vec<TimelineEntry>>> {
+    let around = |t: &[DateTime<Utc>]| store.timeline_around(f, t, NEIGHBOURS, NEIGHBOURS + 1);
+    if times.len() < AROUND_SPLIT {
+        return Ok(around(times)?);
+    }
+    let (first, second) = times.split_at(times.len() / 2);
+    std::thread::scope(|s| {
+        let other = std::thread::Builder::new()
+            .name("cairn-read-around".into())
+            .spawn_scoped(s, || around(second))
+            .map_err(|e| HarnessError::Task(format!("no thread to read stretches: {e}")))?;
+        let first = around(first);
+        let rest = other
+            .join()
+            .map_err(|_| HarnessError::Task("reading stretches panicked".into()))?;
+        let mut out = first?;
+        out.extend(rest?);
+        Ok(out)
+    })
+}
+
 /// Recall on a thread of `turns` turns, longer than [`ContextOptions::bounded_above`]: the
 /// same scores as [`exhaustive_ranking`], on the whole thread's scales, for the turns worth
 /// reading only — the turns under the summaries the query routes to (see [`route`]), the
@@ -1399,7 +1480,7 @@ fn bounded_ranking(
     times.dedup();
     // A time whose stretch a page read above already holds is not read again.
     times.retain(|t| !held_stretch(&stretches, *t, NEIGHBOURS, NEIGHBOURS + 1));
-    stretches.extend(store.timeline_around(f, &times, NEIGHBOURS, NEIGHBOURS + 1)?);
+    stretches.extend(stretches_around(store.as_ref(), f, &times)?);
     // A match the stretch around its time does not hold (more turns share that time than
     // the stretch reads) is read on its own.
     let read: HashSet<u64> = stretches.iter().flatten().map(|e| e.vid).collect();
@@ -1506,6 +1587,73 @@ mod tests {
             .iter()
             .map(|s| s.iter().map(|e| e.vid).collect())
             .collect()
+    }
+
+    /// Rows read ahead on another thread come in the ranking's order, every one of them,
+    /// and stop when told (the reader stops too: no wait on a full channel); stretches read
+    /// in two halves are those of one read, in the order of the times.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_ahead_and_in_halves_keep_their_order() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mem = MemoryHarness::builder(dir.path().join("r.db"))
+            .embedder(std::sync::Arc::new(cairn_embed::HashEmbedder::new(32)))
+            .build()
+            .await
+            .expect("open");
+        let thread = ThreadId::new("t").expect("thread");
+        let t0 = DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default();
+        let turns = (0..150i64)
+            .map(|i| {
+                cairn_core::NewMemory::conversational(
+                    thread.clone(),
+                    Role::User,
+                    format!("turn number {i}"),
+                )
+                .at(t0 + chrono::Duration::minutes(i))
+            })
+            .collect();
+        mem.add_many(turns).await.expect("add");
+        let inner = &mem.inner;
+        let f = turns_filter(&thread);
+        let (all, _) = inner
+            .store
+            .timeline_page(&f, 1_000, false)
+            .expect("timeline");
+        assert_eq!(all.len(), 150);
+        // A ranking over several chunks, in no time order.
+        let mut order: Vec<(u64, f32)> = all.iter().map(|e| (e.vid, 0.0)).collect();
+        order.reverse();
+        order.rotate_left(7);
+        assert!(order.len() > 3 * READ_CHUNK);
+        let mut seen = Vec::new();
+        read_ranked(inner, &order, |h| {
+            seen.push(h.memory.content);
+            true
+        })
+        .expect("read");
+        let by_vid: HashMap<u64, usize> = all.iter().enumerate().map(|(i, e)| (e.vid, i)).collect();
+        let want: Vec<String> = order
+            .iter()
+            .map(|(v, _)| format!("turn number {}", by_vid[v]))
+            .collect();
+        assert_eq!(seen, want);
+        let mut taken = 0;
+        read_ranked(inner, &order, |_| {
+            taken += 1;
+            taken < 5
+        })
+        .expect("read");
+        assert_eq!(taken, 5);
+        // Stretches: 40 times (more than `AROUND_SPLIT`), read in halves and at once.
+        let times: Vec<DateTime<Utc>> = all.iter().step_by(3).take(40).map(|e| e.at).collect();
+        assert!(times.len() >= AROUND_SPLIT);
+        let halves = stretches_around(inner.store.as_ref(), &f, &times).expect("halves");
+        let whole = inner
+            .store
+            .timeline_around(&f, &times, NEIGHBOURS, NEIGHBOURS + 1)
+            .expect("whole");
+        assert_eq!(vids(&halves), vids(&whole));
+        assert_eq!(halves.len(), times.len());
     }
 
     /// A repeat on a day, at 09:30.

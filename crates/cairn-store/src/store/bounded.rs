@@ -125,7 +125,7 @@ impl Store {
         filter.validate()?;
         let (cond, args) = filter.sql_at(self.visibility()?);
         let limit = |n: usize| Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
-        self.read(|c| {
+        self.read_snapshot(|c| {
             let mut back = c.prepare_cached(&format!(
                 "SELECT {TIMELINE_COLS} FROM memories m WHERE 1 = 1{cond} AND m.created_at < ? \
                  ORDER BY m.created_at DESC, m.rid DESC LIMIT ?"
@@ -268,7 +268,7 @@ impl Store {
     pub fn top_summaries(&self, thread: &ThreadId, per_level: usize) -> Result<Vec<MemoryUnit>> {
         let t = thread.as_str().to_owned();
         let kind = MemoryKind::Summary.as_str();
-        let mut out = self.read(|c| {
+        let mut out = self.read_snapshot(|c| {
             let max: Option<i64> = c
                 .prepare_cached(
                     "SELECT max(level) FROM memories WHERE thread_id = ?1 AND kind = ?2",
@@ -335,7 +335,7 @@ impl Store {
         }
         let cap = i64::try_from(max_matches.saturating_add(1)).unwrap_or(i64::MAX);
         let vis = self.visibility()?;
-        self.read(|c| {
+        self.read_snapshot(|c| {
             let mut count = c.prepare_cached(
                 "SELECT count(*) FROM (SELECT rowid FROM memories_fts
                   WHERE memories_fts MATCH ?1 LIMIT ?2)",
