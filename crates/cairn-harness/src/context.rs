@@ -3,11 +3,12 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
-use chrono::{DateTime, Datelike, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
 use cairn_store::{Filter, Hit, MemoryBackend, MetaFilter, TimelineEntry};
+use rustc_hash::FxHashMap;
 
 use crate::harness::{blocking, fuse_ids, hybrid_ids, Inner};
 use crate::recall::{
@@ -60,13 +61,14 @@ pub struct ContextItem {
     /// Why it is here.
     pub section: Section,
     /// Tokens it costs: a summary or recent turn, as its own message; a recalled turn, its
-    /// line in the recalled block (plus its day's header line when it is the day's first
-    /// recalled turn, plus the block's header and message overhead when it is the first).
+    /// line in the recalled block (plus the header line naming its days when it is the first
+    /// line under it, plus the block's header and message overhead when it is the first).
     pub tokens: usize,
     /// For a recalled turn: the other turns of the thread in which the same speaker (same
     /// role and metadata `speaker`) said the same words on other days, oldest first. The
-    /// context shows the text once, on the day of its best-scored copy, with these dates
-    /// after it, so repeated texts do not crowd out the rest and none of the days is lost.
+    /// context shows the text once, under a header that names all its days (shared with the
+    /// other texts said on the same days), so repeated texts do not crowd out the rest and
+    /// none of the days is lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<Repeat>,
 }
@@ -152,55 +154,11 @@ fn render_item(i: &ContextItem) -> String {
     }
 }
 
-/// A recalled turn as one line of the recalled block (its day is a header line above).
+/// A recalled turn as one line of the recalled block (its days are a header line above).
 fn recalled_line(content: &str) -> String {
-    repeated_line(content, &[])
-}
-
-/// A recalled turn as one line of the recalled block, with the other days it was said on
-/// after it (oldest first), by year: `text (also on 2023: Jun 1, Jul 12; 2024: Jan 5)`. A
-/// date in the year's group costs about half the tokens of a full one (four in cl100k with
-/// its comma, against eight for `2023-06-01,`), which matters when a text is said on dozens
-/// of days.
-fn repeated_line(content: &str, repeats: &[Repeat]) -> String {
     let mut line = one_line(content);
-    if !repeats.is_empty() {
-        line.push_str(ALSO_ON);
-        let mut year = None;
-        for r in repeats {
-            let y = r.created_at.year();
-            if year == Some(y) {
-                line.push(',');
-            } else {
-                if year.is_some() {
-                    line.push(';');
-                }
-                line.push_str(&year_piece(y));
-                year = Some(y);
-            }
-            line.push_str(&date_piece(r));
-        }
-        line.push_str(ALSO_END);
-    } else {
-        line.push('\n');
-    }
+    line.push('\n');
     line
-}
-
-/// What comes between a repeated text and its first other date.
-const ALSO_ON: &str = " (also on";
-/// What closes the dates of a repeated text, with the line.
-const ALSO_END: &str = ")\n";
-
-/// The year that heads a group of other dates of a repeated text, with the space before it.
-fn year_piece(year: i32) -> String {
-    format!(" {year}:")
-}
-
-/// An other date of a repeated text, in its year's group, with the space before it (a comma
-/// goes before all but the group's first).
-fn date_piece(r: &Repeat) -> String {
-    format!(" {}", r.created_at.format("%b %-d"))
 }
 
 fn one_line(content: &str) -> String {
@@ -213,86 +171,198 @@ fn one_line(content: &str) -> String {
         .collect()
 }
 
-/// Tokens of [`repeated_line`], counted in pieces: the text with [`ALSO_ON`], each year
-/// with its space and colon, each date with its space, each comma and semicolon,
-/// [`ALSO_END`]. The pre-tokenizers of cl100k and o200k never join two of these pieces (each
-/// starts with a space, or is punctuation after a letter or a digit followed by a space,
-/// and the end is punctuation after a digit), so the sum is the line's count
-/// (`repeated_lines_count_in_pieces`), and a date added costs its own pieces, not the line
-/// tokenized again; for other counters the context is counted again whole at the end.
-/// Dates are added oldest first or in their place among the others, so each year is one
-/// group.
-#[derive(Debug, Clone)]
-struct RepeatedLineCount {
-    /// The line without dates ([`recalled_line`]).
-    plain: usize,
-    /// The text with [`ALSO_ON`].
-    head: usize,
-    /// A comma.
-    comma: usize,
-    /// A semicolon.
-    semicolon: usize,
-    /// [`ALSO_END`].
-    end: usize,
-    /// The dates added so far.
-    n: usize,
-    /// Their pieces' tokens.
-    dates: usize,
-    /// The years they fall in, each with its piece's tokens.
-    years: Vec<(i32, usize)>,
+/// The days a recalled item was said on (its own and its repeats'), oldest first, each
+/// once.
+fn item_days(i: &ContextItem) -> Vec<NaiveDate> {
+    let mut days: Vec<NaiveDate> = std::iter::once(i.created_at)
+        .chain(i.repeats.iter().map(|r| r.created_at))
+        .map(|t| t.date_naive())
+        .collect();
+    days.sort_unstable();
+    days.dedup();
+    days
 }
 
-impl RepeatedLineCount {
-    /// The pieces of a line of `content`, no date added yet.
-    fn new(counter: &dyn TokenCounter, content: &str) -> Self {
+/// When a recalled item was first said (its own time or its first repeat's).
+fn first_said(i: &ContextItem) -> DateTime<Utc> {
+    i.repeats
+        .iter()
+        .map(|r| r.created_at)
+        .fold(i.created_at, DateTime::min)
+}
+
+/// The recalled items (positions in `items`) grouped by the days they were said on, as the
+/// block shows them: each group under one header line naming its days, the groups in the
+/// order of their first turn, and each group's turns in the order they were first said. A
+/// text said on one day is under that day's header, as every turn was before texts repeated;
+/// texts said together on the same several days (a conversation held again, a daily
+/// exchange) share one header that names those days once, instead of each naming them all.
+fn day_groups(items: &[&ContextItem]) -> Vec<(Vec<NaiveDate>, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&n| (first_said(items[n]), items[n].created_at));
+    let mut groups: Vec<(Vec<NaiveDate>, Vec<usize>)> = Vec::new();
+    let mut index: HashMap<Vec<NaiveDate>, usize> = HashMap::new();
+    for n in order {
+        let days = item_days(items[n]);
+        match index.get(&days) {
+            Some(&g) => groups[g].1.push(n),
+            None => {
+                index.insert(days.clone(), groups.len());
+                groups.push((days, vec![n]));
+            }
+        }
+    }
+    groups
+}
+
+/// The header line over the recalled lines said on `days` (oldest first, at least one): the
+/// day, `[2023-06-01]`, or, for lines said on several days, the first day and then the
+/// others by year, `[2023-06-01; also on 2023: Jul 12, Aug 3; 2024: Jan 5]`. A date in its
+/// year's group costs about half the tokens of a full one (four in cl100k with its comma,
+/// against eight for `2023-06-01,`).
+fn days_header(days: &[NaiveDate]) -> String {
+    let Some((first, rest)) = days.split_first() else {
+        return String::new();
+    };
+    if rest.is_empty() {
+        return day_header(*first);
+    }
+    let mut line = also_head(*first);
+    let mut year = None;
+    for d in rest {
+        let y = d.year();
+        if year == Some(y) {
+            line.push(',');
+        } else {
+            if year.is_some() {
+                line.push(';');
+            }
+            line.push_str(&year_piece(y));
+            year = Some(y);
+        }
+        line.push_str(&date_piece(*d));
+    }
+    line.push_str(ALSO_END);
+    line
+}
+
+/// The start of a header of several days, up to the first of the others.
+fn also_head(first: NaiveDate) -> String {
+    format!("[{}; also on", first.format("%Y-%m-%d"))
+}
+
+/// What closes a header of several days, with the line.
+const ALSO_END: &str = "]\n";
+
+/// The year that heads a group of other days in a header, with the space before it.
+fn year_piece(year: i32) -> String {
+    format!(" {year}:")
+}
+
+/// An other day in a header, in its year's group, with the space before it (a comma goes
+/// before all but the group's first).
+fn date_piece(d: NaiveDate) -> String {
+    format!(" {}", d.format("%b %-d"))
+}
+
+/// The tokens of the pieces every header of several days has (see [`DaysCount`]).
+struct HeaderPieces {
+    comma: usize,
+    semicolon: usize,
+    end: usize,
+}
+
+impl HeaderPieces {
+    fn new(counter: &dyn TokenCounter) -> Self {
         Self {
-            plain: counter.count(&recalled_line(content)),
-            head: counter.count(&format!("{}{ALSO_ON}", one_line(content))),
             comma: counter.count(","),
             semicolon: counter.count(";"),
             end: counter.count(ALSO_END),
-            n: 0,
+        }
+    }
+}
+
+/// Tokens of [`days_header`], counted in pieces and kept up to date as days are added: for
+/// one day its header; for several, the head with the first day ([`also_head`]), each year
+/// of the others with its space and colon, each other date with its space, each comma and
+/// semicolon, [`ALSO_END`]. The pre-tokenizers of cl100k and o200k never join two of these
+/// pieces (each starts with a space, or is punctuation after a letter or a digit followed by
+/// a space, and the end is punctuation after a digit), so the sum is the header's count
+/// (`day_headers_count_in_pieces`), and a day added costs its own pieces, not the header
+/// tokenized again (a text said on 70 days is folded 70 times); for other counters the
+/// context is counted again whole at the end.
+#[derive(Debug, Clone)]
+struct DaysCount {
+    /// The first day, and the tokens of its header alone and of [`also_head`].
+    first: NaiveDate,
+    single: usize,
+    head: usize,
+    /// The other days (each once, none before the first), and their dates' tokens.
+    others: usize,
+    dates: usize,
+    /// The years of the other days: each with its piece's tokens.
+    years: Vec<(i32, usize)>,
+}
+
+impl DaysCount {
+    /// The header of `day` alone.
+    fn new(counter: &dyn TokenCounter, day: NaiveDate) -> Self {
+        Self {
+            first: day,
+            single: counter.count(&day_header(day)),
+            head: counter.count(&also_head(day)),
+            others: 0,
             dates: 0,
             years: Vec::new(),
         }
     }
 
-    /// Adds `r`'s date.
-    fn add(&mut self, counter: &dyn TokenCounter, r: &Repeat) {
-        self.n += 1;
-        self.dates += counter.count(&date_piece(r));
-        let y = r.created_at.year();
+    /// The header of `days` (each once).
+    fn of(counter: &dyn TokenCounter, days: &[NaiveDate]) -> Option<Self> {
+        let (first, rest) = days.split_first()?;
+        let mut count = Self::new(counter, *first);
+        for d in rest {
+            count.add(counter, *d);
+        }
+        Some(count)
+    }
+
+    /// Adds `day`, one not in the header yet.
+    fn add(&mut self, counter: &dyn TokenCounter, day: NaiveDate) {
+        let other = if day < self.first {
+            let was = self.first;
+            *self = Self {
+                others: self.others,
+                dates: self.dates,
+                years: std::mem::take(&mut self.years),
+                ..Self::new(counter, day)
+            };
+            was
+        } else {
+            day
+        };
+        self.others += 1;
+        self.dates += counter.count(&date_piece(other));
+        let y = other.year();
         if !self.years.iter().any(|(year, _)| *year == y) {
             self.years.push((y, counter.count(&year_piece(y))));
         }
     }
 
-    /// The line's tokens with the dates added.
-    fn tokens(&self) -> usize {
-        if self.n == 0 {
-            return self.plain;
+    /// The header's tokens.
+    fn tokens(&self, pieces: &HeaderPieces) -> usize {
+        if self.others == 0 {
+            return self.single;
         }
+        // The other days are in date order, so each year is one group.
         let groups = self.years.len();
         self.head
             + self.years.iter().map(|(_, t)| t).sum::<usize>()
             + self.dates
-            + self.comma * self.n.saturating_sub(groups)
-            + self.semicolon * groups.saturating_sub(1)
-            + self.end
+            + pieces.comma * self.others.saturating_sub(groups)
+            + pieces.semicolon * groups.saturating_sub(1)
+            + pieces.end
     }
-}
-
-/// Tokens of [`repeated_line`] (see [`RepeatedLineCount`]); a line without repeats is
-/// counted whole, as before there were any.
-fn repeated_line_tokens(counter: &dyn TokenCounter, content: &str, repeats: &[Repeat]) -> usize {
-    if repeats.is_empty() {
-        return counter.count(&recalled_line(content));
-    }
-    let mut count = RepeatedLineCount::new(counter, content);
-    for r in repeats {
-        count.add(counter, r);
-    }
-    count.tokens()
 }
 
 fn day_header(day: chrono::NaiveDate) -> String {
@@ -300,10 +370,10 @@ fn day_header(day: chrono::NaiveDate) -> String {
 }
 
 /// The token cost of turns added one by one to the recalled block that
-/// [`AssembledContext::to_messages`] renders: a turn pays for its line, for its day's header
-/// line when it is the first turn of that day, and for the block's header (with the message
-/// overhead) when it is the first turn of all. Evaluations that pack turns the same way use
-/// it too.
+/// [`AssembledContext::to_messages`] renders, for turns without repeats: a turn pays for
+/// its line, for its day's header line when it is the first turn of that day, and for the
+/// block's header (with the message overhead) when it is the first turn of all. Evaluations
+/// that pack turns the same way use it too.
 pub struct RecalledBlockCost<'a> {
     counter: &'a dyn TokenCounter,
     days: HashSet<chrono::NaiveDate>,
@@ -323,12 +393,6 @@ impl<'a> RecalledBlockCost<'a> {
     /// Tokens a turn of `content` at `at` would add.
     pub fn cost(&self, content: &str, at: DateTime<Utc>) -> usize {
         self.line_cost(&recalled_line(content), at)
-    }
-
-    /// Tokens a recalled item would add, with its repeats' dates.
-    fn item_cost(&self, i: &ContextItem) -> usize {
-        let line = repeated_line_tokens(self.counter, &i.content, &i.repeats);
-        line + self.headers_cost(i.created_at)
     }
 
     fn line_cost(&self, line: &str, at: DateTime<Utc>) -> usize {
@@ -355,31 +419,34 @@ impl<'a> RecalledBlockCost<'a> {
     }
 }
 
-/// The recalled turns (in time order) as one block: a header, then the turns grouped
-/// under a line per day. Every line ends in a newline, so the block's token count is the
-/// sum of its lines' counts.
-fn recalled_block<'a>(items: impl IntoIterator<Item = &'a ContextItem>) -> Option<String> {
+/// The recalled turns as one block: a header, then the turns grouped under a line that
+/// names the days they were said on (see [`day_groups`]). Every line ends in a newline, so
+/// for counters that split at newlines the block's count is the sum of its lines' counts.
+fn recalled_block(items: &[&ContextItem]) -> Option<String> {
     let mut out = String::new();
-    let mut day = None;
-    for i in items {
+    for (days, members) in day_groups(items) {
         if out.is_empty() {
             out.push_str(RECALLED_HEADER);
         }
-        let d = i.created_at.date_naive();
-        if day != Some(d) {
-            out.push_str(&day_header(d));
-            day = Some(d);
+        out.push_str(&days_header(&days));
+        for n in members {
+            out.push_str(&recalled_line(&items[n].content));
         }
-        out.push_str(&repeated_line(&i.content, &i.repeats));
     }
     (!out.is_empty()).then_some(out)
 }
 
 impl AssembledContext {
     /// As chat messages: each summary as a system message, the recalled turns together as
-    /// one system message (grouped by day), and the recent turns with their roles.
+    /// one system message (grouped by the days they were said on), and the recent turns
+    /// with their roles.
     pub fn to_messages(&self) -> Vec<ChatMessage> {
-        let block = recalled_block(self.items.iter().filter(|i| i.section == Section::Recalled));
+        let recalled: Vec<&ContextItem> = self
+            .items
+            .iter()
+            .filter(|i| i.section == Section::Recalled)
+            .collect();
+        let block = recalled_block(&recalled);
         let related: String = self
             .items
             .iter()
@@ -961,22 +1028,27 @@ fn assemble_with(
             .take(MAX_TRIED)
             .map(|r| (r.0, r.1))
             .collect();
-        // Recalled turns share one message: its header and each day's header line are
-        // paid by the first turn that needs them.
-        let mut block = RecalledBlockCost::new(counter);
+        // Recalled turns share one message: its header is paid by the first turn, and each
+        // header line naming days (see `day_groups`) by the first turn said on those days.
+        let block_header = counter.count_message(RECALLED_HEADER);
+        let pieces = HeaderPieces::new(counter);
+        // The recalled lines under each header (by its days), and each line's days with the
+        // count of its header.
+        let mut groups: FxHashMap<Vec<NaiveDate>, usize> = FxHashMap::default();
+        let mut line_days: Vec<(Vec<NaiveDate>, DaysCount)> = Vec::new();
         // A turn whose text is already in the context on the same day (a repeated message,
         // a re-sent tool result) says nothing new: only its best-scored copy is recalled.
         // The same words on another day are another event: the day is added to the line
-        // already recalled (see `ContextItem::repeats`), which costs its date, not a line.
-        let mut texts: HashSet<(chrono::NaiveDate, String)> = recent
+        // already recalled (see `ContextItem::repeats`), which moves the line under the
+        // header of its new set of days: it costs that header when no other line has it
+        // yet, and gives back its old one when it was that header's last line.
+        let mut texts: HashSet<(NaiveDate, String)> = recent
             .iter()
             .map(|i| (i.created_at.date_naive(), i.content.clone()))
             .collect();
         // Each recalled text's item (by its words, role and speaker: the same words from
-        // someone else are not folded), and the count of its line's pieces once it has a
-        // repeat.
+        // someone else are not folded).
         let mut lines: HashMap<(String, Option<Role>, Option<String>), usize> = HashMap::new();
-        let mut folds: HashMap<usize, RepeatedLineCount> = HashMap::new();
         read_ranked(inner, &order, |hit| {
             if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                 return false;
@@ -987,46 +1059,74 @@ fn assemble_with(
             if hidden(&m, inner.clock.now()) {
                 return true;
             }
-            let said = (m.created_at.date_naive(), m.content.clone());
+            let day = m.created_at.date_naive();
+            let said = (day, m.content.clone());
             if recent_ids.contains(&m.id) || texts.contains(&said) {
                 return true;
             }
             let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
             if let Some(n) = lines.get(&line_key).copied() {
+                let (old, old_count) = &line_days[n];
+                let Err(at) = old.binary_search(&day) else {
+                    // (Not reached: the line's days are in `texts` with its words.)
+                    return true;
+                };
+                let mut days = old.clone();
+                days.insert(at, day);
+                let mut count = old_count.clone();
+                count.add(counter, day);
+                let freed = if groups.get(old) == Some(&1) {
+                    old_count.tokens(&pieces)
+                } else {
+                    0
+                };
+                let added = if groups.contains_key(&days) {
+                    0
+                } else {
+                    count.tokens(&pieces)
+                };
+                // (`used` holds the old header's tokens when they are freed.)
+                if used + added - freed > budget {
+                    return true;
+                }
+                used = used + added - freed;
+                if let Some(c) = groups.get_mut(old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        groups.remove(old);
+                    }
+                }
+                *groups.entry(days.clone()).or_default() += 1;
+                line_days[n] = (days, count);
                 let it = &mut recalled[n];
-                let count = folds
-                    .entry(n)
-                    .or_insert_with(|| RepeatedLineCount::new(counter, &it.content));
-                let before = count.tokens();
                 let repeat = Repeat {
                     id: m.id,
                     created_at: m.created_at,
                     metadata: m.metadata,
                 };
-                let mut with = count.clone();
-                with.add(counter, &repeat);
-                let after = with.tokens();
-                // (`used` holds the line's `before` tokens.)
-                if used - before + after > budget {
-                    return true;
-                }
-                *count = with;
                 let at = it
                     .repeats
                     .partition_point(|r| r.created_at <= repeat.created_at);
                 it.repeats.insert(at, repeat);
-                used = used - before + after;
-                it.tokens = it.tokens - before + after;
                 texts.insert(said);
                 return true;
             }
-            let cost = block.cost(&m.content, m.created_at);
+            let days = vec![day];
+            let count = DaysCount::new(counter, day);
+            let mut cost = counter.count(&recalled_line(&m.content));
+            if !groups.contains_key(&days) {
+                cost += count.tokens(&pieces);
+            }
+            if recalled.is_empty() {
+                cost += block_header;
+            }
             // (Turns only, none of them recent: none is in the context yet.)
             if used + cost > budget {
                 return true;
             }
             used += cost;
-            block.add(m.created_at);
+            *groups.entry(days.clone()).or_default() += 1;
+            line_days.push((days, count));
             texts.insert(said);
             lines.insert(line_key, recalled.len());
             let mut it = owned_item(m, Section::Recalled);
@@ -1508,13 +1608,31 @@ fn bounded_ranking(
     Ok((out, qv))
 }
 
-/// Gives each recalled item (in time order) its share of the block's tokens: its line, its
-/// day's header when it is the day's first, the block's header on the first.
+/// Gives each recalled item its share of the block's tokens: its line, the header of its
+/// days when it is the first line under it, the block's header on the first line of all
+/// (in the block's order, see [`day_groups`]).
 fn attribute_recalled_tokens(items: &mut [ContextItem], counter: &dyn TokenCounter) {
-    let mut block = RecalledBlockCost::new(counter);
-    for i in items.iter_mut().filter(|i| i.section == Section::Recalled) {
-        i.tokens = block.item_cost(i);
-        block.add(i.created_at);
+    let at: Vec<usize> = (0..items.len())
+        .filter(|&n| items[n].section == Section::Recalled)
+        .collect();
+    let recalled: Vec<&ContextItem> = at.iter().map(|&n| &items[n]).collect();
+    let pieces = HeaderPieces::new(counter);
+    let mut tokens: Vec<(usize, usize)> = Vec::with_capacity(at.len());
+    for (g, (days, members)) in day_groups(&recalled).into_iter().enumerate() {
+        let header = DaysCount::of(counter, &days).map_or(0, |c| c.tokens(&pieces));
+        for (k, n) in members.into_iter().enumerate() {
+            let mut t = counter.count(&recalled_line(&recalled[n].content));
+            if k == 0 {
+                t += header;
+                if g == 0 {
+                    t += counter.count_message(RECALLED_HEADER);
+                }
+            }
+            tokens.push((at[n], t));
+        }
+    }
+    for (n, t) in tokens {
+        items[n].tokens = t;
     }
 }
 
@@ -1660,100 +1778,153 @@ mod tests {
     fn repeat_on(y: i32, m: u32, d: u32) -> Repeat {
         Repeat {
             id: MemoryId::new(),
-            created_at: chrono::NaiveDate::from_ymd_opt(y, m, d)
-                .unwrap()
-                .and_hms_opt(9, 30, 0)
-                .unwrap()
-                .and_utc(),
+            created_at: day(y, m, d).and_hms_opt(9, 30, 0).unwrap().and_utc(),
             metadata: Metadata::new(),
         }
     }
 
-    /// A repeated text's line counted in pieces is its count, for the counters whose counts
-    /// add up over lines, whatever the text and the dates.
+    fn day(y: i32, m: u32, d: u32) -> NaiveDate {
+        NaiveDate::from_ymd_opt(y, m, d).unwrap()
+    }
+
+    /// A header of days counted in pieces is its count, for the counters whose counts add up
+    /// over lines, whatever the days: one, several in a year, several years, every month's
+    /// name, one- and two-digit days, years of one to four digits; and whatever the order
+    /// the days are added in (a day before the first one moves the first into the others).
     #[test]
-    fn repeated_lines_count_in_pieces() {
-        let texts = [
-            "Walked the dog.",
-            "Room 101",
-            "ends with a bracket (like this)",
-            "trailing spaces   ",
-            "it's Jon's",
-            "comma,",
-            "émoji 🎉",
-            "2023",
-            "on",
-            " ",
-            "line one\nline two",
+    fn day_headers_count_in_pieces() {
+        let days = [
+            day(812, 6, 15),
+            day(1999, 1, 1),
+            day(2023, 5, 8),
+            day(2023, 9, 21),
+            day(2023, 11, 30),
+            day(2100, 12, 31),
         ];
-        // Oldest first, as a line's repeats are: one year's group, then others.
-        let dates = [
-            repeat_on(812, 6, 15),
-            repeat_on(1999, 1, 1),
-            repeat_on(2023, 5, 8),
-            repeat_on(2023, 9, 21),
-            repeat_on(2023, 11, 30),
-            repeat_on(2100, 12, 31),
-        ];
+        let many: Vec<NaiveDate> = (2023..=2025)
+            .flat_map(|y| (1..=12).flat_map(move |m| [day(y, m, 1), day(y, m, 28)]))
+            .collect();
         for c in [
             crate::TiktokenCounter::cl100k().unwrap(),
             crate::TiktokenCounter::o200k().unwrap(),
         ] {
-            for text in texts {
-                for n in 0..=dates.len() {
-                    let repeats = &dates[..n];
-                    let line = repeated_line(text, repeats);
-                    assert_eq!(
-                        repeated_line_tokens(&c, text, repeats),
-                        c.count(&line),
-                        "{}: {line:?}",
-                        c.name()
-                    );
+            let pieces = HeaderPieces::new(&c);
+            let mut sets: Vec<&[NaiveDate]> = (1..=days.len()).map(|n| &days[..n]).collect();
+            sets.extend((0..days.len()).map(|n| &days[n..]));
+            sets.push(&many);
+            for set in sets {
+                let header = days_header(set);
+                let want = c.count(&header);
+                let count = DaysCount::of(&c, set).unwrap();
+                assert_eq!(count.tokens(&pieces), want, "{}: {header:?}", c.name());
+                // Newest first, and from the middle outwards: every step counted exactly.
+                for order in [
+                    set.iter().rev().copied().collect::<Vec<_>>(),
+                    (0..set.len())
+                        .map(|k| set[(set.len() / 2 + k * 7) % set.len()])
+                        .collect(),
+                ] {
+                    let mut seen: Vec<NaiveDate> = Vec::new();
+                    let mut count: Option<DaysCount> = None;
+                    for d in order {
+                        if seen.contains(&d) {
+                            continue;
+                        }
+                        seen.push(d);
+                        seen.sort_unstable();
+                        match count.as_mut() {
+                            None => count = Some(DaysCount::new(&c, d)),
+                            Some(n) => n.add(&c, d),
+                        }
+                        let header = days_header(&seen);
+                        assert_eq!(
+                            count.as_ref().map(|n| n.tokens(&pieces)),
+                            Some(c.count(&header)),
+                            "{}: {header:?}",
+                            c.name()
+                        );
+                    }
                 }
-            }
-            // Every month's name, one- and two-digit days, three years.
-            let many: Vec<Repeat> = (2023..=2025)
-                .flat_map(|y| (1..=12).flat_map(move |m| [repeat_on(y, m, 1), repeat_on(y, m, 28)]))
-                .collect();
-            for text in texts {
-                let line = repeated_line(text, &many);
-                assert_eq!(
-                    repeated_line_tokens(&c, text, &many),
-                    c.count(&line),
-                    "{}: {line:?}",
-                    c.name()
-                );
             }
         }
     }
 
-    /// The other days of a repeated text are grouped by year, oldest first.
+    /// A header names one day in full, or the first of several in full and the others by
+    /// year; a day in a year's group costs four tokens in cl100k with its comma (eight for
+    /// `2023-06-01,`).
     #[test]
-    fn repeated_lines_group_their_dates_by_year() {
-        assert_eq!(repeated_line("Said once.", &[]), "Said once.\n");
+    fn day_headers_group_their_days_by_year() {
+        assert_eq!(days_header(&[day(2023, 5, 8)]), "[2023-05-08]\n");
         assert_eq!(
-            repeated_line("Said twice.", &[repeat_on(2023, 6, 1)]),
-            "Said twice. (also on 2023: Jun 1)\n"
+            days_header(&[day(2023, 5, 8), day(2023, 6, 1)]),
+            "[2023-05-08; also on 2023: Jun 1]\n"
         );
         assert_eq!(
-            repeated_line(
-                "Said often.",
-                &[
-                    repeat_on(2023, 6, 1),
-                    repeat_on(2023, 7, 12),
-                    repeat_on(2024, 1, 5),
-                    repeat_on(2024, 12, 31)
-                ]
-            ),
-            "Said often. (also on 2023: Jun 1, Jul 12; 2024: Jan 5, Dec 31)\n"
+            days_header(&[
+                day(2022, 12, 30),
+                day(2023, 6, 1),
+                day(2023, 7, 12),
+                day(2024, 1, 5),
+                day(2024, 12, 31)
+            ]),
+            "[2022-12-30; also on 2023: Jun 1, Jul 12; 2024: Jan 5, Dec 31]\n"
         );
-        // Half the tokens of full dates in cl100k: four a date with its comma, not eight.
         let c = crate::TiktokenCounter::cl100k().unwrap();
-        let five: Vec<Repeat> = (1..=5).map(|m| repeat_on(2023, m, 10 + m)).collect();
-        let six: Vec<Repeat> = (1..=6).map(|m| repeat_on(2023, m, 10 + m)).collect();
+        let pieces = HeaderPieces::new(&c);
+        let six: Vec<NaiveDate> = (1..=6).map(|m| day(2023, m, 10 + m)).collect();
+        let tokens = |days: &[NaiveDate]| DaysCount::of(&c, days).unwrap().tokens(&pieces);
+        assert_eq!(tokens(&six) - tokens(&six[..5]), 4);
+    }
+
+    /// Recalled lines said on the same days share one header naming them, in the order they
+    /// were first said; a line said on one day is under that day's header, as before texts
+    /// repeated; the groups come in the order of their first turn.
+    #[test]
+    fn lines_said_on_the_same_days_share_a_header() {
+        let at = |d: u32, h: u32| day(2023, 6, d).and_hms_opt(h, 0, 0).unwrap().and_utc();
+        let line = |text: &str, t: DateTime<Utc>, repeats: Vec<Repeat>| ContextItem {
+            id: MemoryId::new(),
+            kind: MemoryKind::Conversational,
+            role: Some(Role::User),
+            content: text.to_owned(),
+            created_at: t,
+            tokens: 0,
+            section: Section::Recalled,
+            metadata: Metadata::new(),
+            thread_id: None,
+            level: 0,
+            span: None,
+            source_ids: Vec::new(),
+            repeats,
+        };
+        // The same exchange on June 2 and July 1 (the copy of one line on July 1 is the one
+        // recalled, its June 2 turn a repeat), a line of June 1, one of June 3.
+        let items = [
+            line("Late on the 3rd.", at(3, 20), vec![]),
+            line("How are you?", at(2, 9), vec![repeat_on(2023, 7, 1)]),
+            line(
+                "Fine, thanks.",
+                day(2023, 7, 1).and_hms_opt(9, 0, 0).unwrap().and_utc(),
+                vec![Repeat {
+                    created_at: at(2, 10),
+                    ..repeat_on(2023, 6, 2)
+                }],
+            ),
+            line("Early on the 1st.", at(1, 8), vec![]),
+            line("Also on the 3rd.", at(3, 7), vec![]),
+        ];
+        let refs: Vec<&ContextItem> = items.iter().collect();
         assert_eq!(
-            repeated_line_tokens(&c, "x", &six) - repeated_line_tokens(&c, "x", &five),
-            4
+            recalled_block(&refs).unwrap(),
+            "Recalled from earlier in this conversation:\n\
+             [2023-06-01]\n\
+             Early on the 1st.\n\
+             [2023-06-02; also on 2023: Jul 1]\n\
+             How are you?\n\
+             Fine, thanks.\n\
+             [2023-06-03]\n\
+             Also on the 3rd.\n\
+             Late on the 3rd.\n"
         );
     }
 

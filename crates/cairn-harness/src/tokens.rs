@@ -229,8 +229,8 @@ mod tests {
             "ends with punctuation...\n",
             "x\n",
             "[2023-05-08]\n",
-            "Said twice. (also on 2023-05-08, 2023-06-01)\n",
-            "Said often. (also on 2023: May 8, Jun 1; 2024: Jan 5)\n",
+            "[2023-05-08; also on 2023: Jun 1]\n",
+            "[2022-12-30; also on 2023: May 8, Jun 1; 2024: Jan 5]\n",
             "/reset\n",
             "//comment\n",
         ];

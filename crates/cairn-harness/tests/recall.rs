@@ -590,10 +590,13 @@ async fn repeated_texts_are_recalled_once_a_day() {
     let other = mem.get(line.repeats[0].id).await.unwrap();
     assert_eq!(other.content, reminder);
     assert_eq!(other.created_at, line.repeats[0].created_at);
-    let other_day = line.repeats[0].created_at.format("%Y: %b %-d").to_string();
+    // Under a header that names both days, the first in full, the other by its year.
     assert!(
-        ctx.render()
-            .contains(&format!("{reminder} (also on {other_day})\n")),
+        ctx.render().contains(&format!(
+            "[{}; also on {}]\n{reminder}\n",
+            days[0].format("%Y-%m-%d"),
+            days[1].format("%Y: %b %-d")
+        )),
         "{}",
         ctx.render()
     );

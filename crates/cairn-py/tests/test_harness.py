@@ -359,16 +359,17 @@ def test_assemble_context_folds_repeated_texts(harness):
     assert len(line["repeats"]) == 2
     named = {line["id"]} | {r["id"] for r in line["repeats"]}
     assert named == {ids[0], ids[2], ids[4]}
-    days = sorted(datetime.fromisoformat(r["created_at"][:10]) for r in line["repeats"])
-    # Grouped by year: "2024: Mar 1, Mar 3" (or "2024: Dec 30; 2025: Jan 1").
+    days = sorted(
+        datetime.fromisoformat(t[:10])
+        for t in [line["created_at"]] + [r["created_at"] for r in line["repeats"]]
+    )
+    # Under one header naming the three days: the first in full, the others by year,
+    # "[2024-03-01; also on 2024: Mar 2, Mar 3]" (or "... 2024: Dec 31; 2025: Jan 1]").
     month = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
-    groups = [f"{d.year}: {month[d.month - 1]} {d.day}" for d in days]
-    if days[0].year == days[1].year:
-        groups[1] = f"{month[days[1].month - 1]} {days[1].day}"
-        also = ", ".join(groups)
-    else:
-        also = "; ".join(groups)
-    assert f"{said} (also on {also})" in ctx["text"]
+    also = f"{days[1].year}: {month[days[1].month - 1]} {days[1].day}"
+    third = f"{month[days[2].month - 1]} {days[2].day}"
+    also += f", {third}" if days[2].year == days[1].year else f"; {days[2].year}: {third}"
+    assert f"[{days[0]:%Y-%m-%d}; also on {also}]\n{said}\n" in ctx["text"], ctx["text"]
     assert all(i["repeats"] == [] for i in ctx["items"] if i is not line)
 
 
