@@ -318,6 +318,7 @@ impl DaysCount {
     }
 
     /// The header of `days` (each once).
+    #[cfg(test)]
     fn of(counter: &dyn TokenCounter, days: &[NaiveDate]) -> Option<Self> {
         let (first, rest) = days.split_first()?;
         let mut count = Self::new(counter, *first);
@@ -372,8 +373,9 @@ fn day_header(day: chrono::NaiveDate) -> String {
 /// The token cost of turns added one by one to the recalled block that
 /// [`AssembledContext::to_messages`] renders, for turns without repeats: a turn pays for
 /// its line, for its day's header line when it is the first turn of that day, and for the
-/// block's header (with the message overhead) when it is the first turn of all. Evaluations
-/// that pack turns the same way use it too.
+/// block's header (with the message overhead) when it is the first turn of all. For
+/// evaluations that pack turns without repeats (`cairn eval`'s grouped strategies);
+/// `assemble_context` counts headers of several days too.
 pub struct RecalledBlockCost<'a> {
     counter: &'a dyn TokenCounter,
     days: HashSet<chrono::NaiveDate>,
@@ -973,7 +975,8 @@ fn assemble_with(
     // 3. Recall: every turn of the thread scored for the query (vector and keyword match,
     //    raised by its neighbours' match, by naming its speaker, by a time range the query
     //    names; see `recall`), then taken best first while they fit. Rows are read in
-    //    chunks, best first, so the turns that do not make it are never decoded.
+    //    chunks, best first, so the turns that do not make it are not decoded (but for at
+    //    most two chunks read ahead, see `read_ranked`).
     let mut recalled: Vec<ContextItem> = Vec::new();
     let mut related: Vec<ContextItem> = Vec::new();
     // (`pending` is there exactly when the query is not empty; left for the caller to join
@@ -1049,6 +1052,12 @@ fn assemble_with(
         // Each recalled text's item (by its words, role and speaker: the same words from
         // someone else are not folded).
         let mut lines: HashMap<(String, Option<Role>, Option<String>), usize> = HashMap::new();
+        // (No room for a line: nothing to read.)
+        let order = if budget.saturating_sub(used) < MIN_LINE_TOKENS {
+            Vec::new()
+        } else {
+            order
+        };
         read_ranked(inner, &order, |hit| {
             if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                 return false;
@@ -1616,10 +1625,10 @@ fn attribute_recalled_tokens(items: &mut [ContextItem], counter: &dyn TokenCount
         .filter(|&n| items[n].section == Section::Recalled)
         .collect();
     let recalled: Vec<&ContextItem> = at.iter().map(|&n| &items[n]).collect();
-    let pieces = HeaderPieces::new(counter);
     let mut tokens: Vec<(usize, usize)> = Vec::with_capacity(at.len());
     for (g, (days, members)) in day_groups(&recalled).into_iter().enumerate() {
-        let header = DaysCount::of(counter, &days).map_or(0, |c| c.tokens(&pieces));
+        // (Counted whole: exact for any counter; packing counts it in pieces.)
+        let header = counter.count(&days_header(&days));
         for (k, n) in members.into_iter().enumerate() {
             let mut t = counter.count(&recalled_line(&recalled[n].content));
             if k == 0 {

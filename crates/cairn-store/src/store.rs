@@ -644,8 +644,10 @@ impl Store {
             }
         };
         let out = f(&conn);
+        // A connection left inside a transaction (a rollback that failed) would read an old
+        // snapshot for its next user: it is closed instead.
         let mut pool = self.inner.readers.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < self.inner.shared.options.read_pool {
+        if pool.len() < self.inner.shared.options.read_pool && conn.is_autocommit() {
             pool.push(conn);
         }
         out
