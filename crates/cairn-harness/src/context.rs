@@ -767,10 +767,33 @@ fn share(budget: usize, s: f64) -> usize {
 type PendingVector<'s> = std::thread::ScopedJoinHandle<'s, Result<Vec<f32>>>;
 
 fn join_vector(pending: PendingVector<'_>) -> Result<Vec<f32>> {
-    pending
-        .join()
-        .map_err(|_| HarnessError::Task("the query embedding panicked".into()))?
+    joined(pending, "the query embedding")?
 }
+
+/// Runs `f` on a thread of scope `s` named `name`; `what` names its work in the error when
+/// no thread can be started.
+fn spawn_named<'s, T: Send + 's>(
+    s: &'s std::thread::Scope<'s, '_>,
+    name: &str,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 's,
+) -> Result<std::thread::ScopedJoinHandle<'s, T>> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn_scoped(s, f)
+        .map_err(|e| HarnessError::Task(format!("no thread for {what}: {e}")))
+}
+
+/// Waits for a thread of [`spawn_named`]: its panic is an error naming `what`, not
+/// re-raised.
+fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>, what: &str) -> Result<T> {
+    handle
+        .join()
+        .map_err(|_| HarnessError::Task(format!("{what} panicked")))
+}
+
+/// What [`read_ranked`]'s reader does, for its errors.
+const READING_RECALLED: &str = "reading the recalled turns";
 
 /// Reads the rows of the ranked turns `order` (best first) in chunks and hands them to
 /// `take` in that order, until it returns false; rows whose memory is gone are skipped.
@@ -792,19 +815,16 @@ fn read_ranked(
     std::thread::scope(|s| {
         // One chunk waits while the next is read: the reader stays at most two ahead.
         let (send, rows) = std::sync::mpsc::sync_channel::<Result<Vec<Hit>>>(1);
-        let reader = std::thread::Builder::new()
-            .name("cairn-read-recalled".into())
-            .spawn_scoped(s, move || {
-                for chunk in order.chunks(READ_CHUNK) {
-                    let hits = inner.store.hits(chunk.to_vec()).map_err(HarnessError::from);
-                    let failed = hits.is_err();
-                    // A closed channel: `take` has had enough.
-                    if send.send(hits).is_err() || failed {
-                        return;
-                    }
+        let reader = spawn_named(s, "cairn-read-recalled", READING_RECALLED, move || {
+            for chunk in order.chunks(READ_CHUNK) {
+                let hits = inner.store.hits(chunk.to_vec()).map_err(HarnessError::from);
+                let failed = hits.is_err();
+                // A closed channel: `take` has had enough.
+                if send.send(hits).is_err() || failed {
+                    return;
                 }
-            })
-            .map_err(|e| HarnessError::Task(format!("no thread to read recalled turns: {e}")))?;
+            }
+        })?;
         let taken = (|| -> Result<()> {
             for hits in rows {
                 for hit in hits? {
@@ -816,9 +836,9 @@ fn read_ranked(
             Ok(())
         })();
         // (`rows` is dropped here: a reader waiting to send stops.)
-        let joined = reader.join();
+        let read = joined(reader, READING_RECALLED);
         taken?;
-        joined.map_err(|_| HarnessError::Task("reading recalled turns panicked".into()))
+        read
     })
 }
 
@@ -873,16 +893,12 @@ pub(crate) fn assemble_blocking(
     // vector.
     let (vector_text, keyword_text) = search_texts(inner, thread, query, options)?;
     std::thread::scope(|s| {
-        let mut pending = Some(
-            std::thread::Builder::new()
-                .name("cairn-embed-query".into())
-                .spawn_scoped(s, || {
-                    inner.embedder.embed_one(&vector_text).map_err(Into::into)
-                })
-                .map_err(|e| {
-                    HarnessError::Task(format!("no thread for the query embedding: {e}"))
-                })?,
-        );
+        let mut pending = Some(spawn_named(
+            s,
+            "cairn-embed-query",
+            "the query embedding",
+            || inner.embedder.embed_one(&vector_text).map_err(Into::into),
+        )?);
         let out = assemble_with(
             inner,
             thread,
@@ -1425,6 +1441,9 @@ fn join_stretches(stretches: Vec<Vec<TimelineEntry>>) -> Vec<Vec<TimelineEntry>>
     segments
 }
 
+/// What bounded recall's keyword lane does, for its errors.
+const KEYWORD_RANKING: &str = "the keyword ranking";
+
 /// What bounded recall's keyword lane read: the turns' keyword ranking, and the turns under
 /// the summaries the query routes to (see [`route`]), a page per summary.
 struct KeywordLane {
@@ -1439,6 +1458,9 @@ struct VectorLane {
     qv: Vec<f32>,
     vector: Vec<(u64, f32)>,
 }
+
+/// What [`stretches_around`]'s second thread does, for its errors.
+const READING_STRETCHES: &str = "reading the stretches";
 
 /// The stretches of [`NEIGHBOURS`] turns around each of `times` (see
 /// `MemoryBackend::timeline_around`), in the order of `times`. Many times are read in two
@@ -1455,14 +1477,9 @@ fn stretches_around(
     }
     let (first, second) = times.split_at(times.len() / 2);
     std::thread::scope(|s| {
-        let other = std::thread::Builder::new()
-            .name("cairn-read-around".into())
-            .spawn_scoped(s, || around(second))
-            .map_err(|e| HarnessError::Task(format!("no thread to read stretches: {e}")))?;
+        let other = spawn_named(s, "cairn-read-around", READING_STRETCHES, || around(second))?;
         let first = around(first);
-        let rest = other
-            .join()
-            .map_err(|_| HarnessError::Task("reading stretches panicked".into()))?;
+        let rest = joined(other, READING_STRETCHES)?;
         let mut out = first?;
         out.extend(rest?);
         Ok(out)
@@ -1498,9 +1515,11 @@ fn bounded_ranking(
     let cues = QueryCues::new(query, speakers.iter().map(String::as_str));
     let (send_qv, take_qv) = std::sync::mpsc::sync_channel::<Vec<f32>>(1);
     let (vector_side, keyword_side) = std::thread::scope(|s| -> Result<_> {
-        let lane = std::thread::Builder::new()
-            .name("cairn-keyword-lane".into())
-            .spawn_scoped(s, move || -> Result<Option<KeywordLane>> {
+        let lane = spawn_named(
+            s,
+            "cairn-keyword-lane",
+            KEYWORD_RANKING,
+            move || -> Result<Option<KeywordLane>> {
                 let keyword =
                     store.search_keyword_ids_capped(keyword_text, depth, f, KEYWORD_MAX_MATCHES)?;
                 let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
@@ -1516,8 +1535,8 @@ fn bounded_ranking(
                     pages.push(store.timeline_page(&span, SPAN_MAX, false)?.0);
                 }
                 Ok(Some(KeywordLane { keyword, pages }))
-            })
-            .map_err(|e| HarnessError::Task(format!("no thread for the keyword ranking: {e}")))?;
+            },
+        )?;
         let vector_side = (|| -> Result<VectorLane> {
             let mut stretches: Vec<Vec<TimelineEntry>> = Vec::new();
             let mut tail = f.clone();
@@ -1549,11 +1568,10 @@ fn bounded_ranking(
         })();
         // Without a vector the keyword lane stops waiting for one.
         drop(send_qv);
-        let keyword_side = lane.join();
+        let keyword_side = joined(lane, KEYWORD_RANKING);
         // This lane's error first: a failed embedding is why the keyword lane had no vector.
         let vector_side = vector_side?;
-        let keyword_side = keyword_side
-            .map_err(|_| HarnessError::Task("the keyword ranking panicked".into()))??
+        let keyword_side = keyword_side??
             .ok_or_else(|| HarnessError::Task("the keyword ranking had no vector".into()))?;
         Ok((vector_side, keyword_side))
     })?;
