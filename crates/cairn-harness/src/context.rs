@@ -65,10 +65,11 @@ pub struct ContextItem {
     /// line under it, plus the block's header and message overhead when it is the first).
     pub tokens: usize,
     /// For a recalled turn: the other turns of the thread in which the same speaker (same
-    /// role and metadata `speaker`) said the same words on other days, oldest first. The
-    /// context shows the text once, under a header that names all its days (shared with the
-    /// other texts said on the same days), so repeated texts do not crowd out the rest and
-    /// none of the days is lost.
+    /// role and metadata `speaker`) said the same words on other days, one a day, oldest
+    /// first: every such day when they fit in the budget, else the days nearest the turn's
+    /// own. The context shows the text once, under a header that names all these days
+    /// (shared with the other texts said on the same days), so repeated texts do not crowd
+    /// out the rest, and no day the context names is lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<Repeat>,
 }
@@ -796,17 +797,18 @@ fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>, what: &str) -> Result
 const READING_RECALLED: &str = "reading the recalled turns";
 
 /// Reads the rows of the ranked turns `order` (best first) in chunks and hands them to
-/// `take` in that order, until it returns false; rows whose memory is gone are skipped.
-/// With more than one chunk, the next chunk's rows are read on another thread while `take`
-/// looks at the last one's (it counts their tokens: about as long as reading them).
+/// `take` with their index ids, in that order, until it returns false; rows whose memory
+/// is gone are skipped. With more than one chunk, the next chunk's rows are read on another
+/// thread while `take` looks at the last one's (it counts their tokens: about as long as
+/// reading them).
 fn read_ranked(
     inner: &Inner,
     order: &[(u64, f32)],
-    mut take: impl FnMut(Hit) -> bool,
+    mut take: impl FnMut(Hit, u64) -> bool,
 ) -> Result<()> {
     if order.len() <= READ_CHUNK {
-        for hit in inner.store.hits(order.to_vec())? {
-            if !take(hit) {
+        for (hit, vid) in read_chunk(inner, order)? {
+            if !take(hit, vid) {
                 break;
             }
         }
@@ -814,10 +816,10 @@ fn read_ranked(
     }
     std::thread::scope(|s| {
         // One chunk waits while the next is read: the reader stays at most two ahead.
-        let (send, rows) = std::sync::mpsc::sync_channel::<Result<Vec<Hit>>>(1);
+        let (send, rows) = std::sync::mpsc::sync_channel::<Result<Vec<(Hit, u64)>>>(1);
         let reader = spawn_named(s, "cairn-read-recalled", READING_RECALLED, move || {
             for chunk in order.chunks(READ_CHUNK) {
-                let hits = inner.store.hits(chunk.to_vec()).map_err(HarnessError::from);
+                let hits = read_chunk(inner, chunk);
                 let failed = hits.is_err();
                 // A closed channel: `take` has had enough.
                 if send.send(hits).is_err() || failed {
@@ -827,8 +829,8 @@ fn read_ranked(
         })?;
         let taken = (|| -> Result<()> {
             for hits in rows {
-                for hit in hits? {
-                    if !take(hit) {
+                for (hit, vid) in hits? {
+                    if !take(hit, vid) {
                         return Ok(());
                     }
                 }
@@ -840,6 +842,30 @@ fn read_ranked(
         taken?;
         read
     })
+}
+
+/// The rows of `chunk` (ranked turns), each with its index id and score; rows whose memory
+/// is gone are skipped.
+fn read_chunk(inner: &Inner, chunk: &[(u64, f32)]) -> Result<Vec<(Hit, u64)>> {
+    // `hits` hands back the score it is given: each row's position in the chunk, exact in
+    // an f32 (a chunk is far below 2^24), tells which id it is.
+    #[allow(clippy::cast_precision_loss)]
+    let at: Vec<(u64, f32)> = chunk
+        .iter()
+        .enumerate()
+        .map(|(i, (v, _))| (*v, i as f32))
+        .collect();
+    Ok(inner
+        .store
+        .hits(at)?
+        .into_iter()
+        .filter_map(|mut h| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let (vid, score) = *chunk.get(h.score as usize)?;
+            h.score = score;
+            Some((h, vid))
+        })
+        .collect())
 }
 
 fn turns_filter(thread: &ThreadId) -> Filter {
@@ -995,6 +1021,8 @@ fn assemble_with(
     //    most two chunks read ahead, see `read_ranked`).
     let mut recalled: Vec<ContextItem> = Vec::new();
     let mut related: Vec<ContextItem> = Vec::new();
+    // Whether the count added up while packing is over the context's (see `read_repeats`).
+    let mut recount = false;
     // (`pending` is there exactly when the query is not empty; left for the caller to join
     // when no budget is left.)
     if let Some(p) = pending.take_if(|_| used < budget) {
@@ -1041,12 +1069,13 @@ fn assemble_with(
                 related.push(it);
             }
         }
-        let order: Vec<(u64, f32)> = ranked
-            .into_iter()
-            .filter(|r| oldest_recent.is_none_or(|t| r.2 <= t))
-            .take(MAX_TRIED)
-            .map(|r| (r.0, r.1))
-            .collect();
+        let order = distinct_texts(
+            inner,
+            ranked
+                .into_iter()
+                .filter(|r| oldest_recent.is_none_or(|t| r.2 <= t))
+                .map(|r| (r.0, r.1)),
+        )?;
         // Recalled turns share one message: its header is paid by the first turn, and each
         // header line naming days (see `day_groups`) by the first turn said on those days.
         let block_header = counter.count_message(RECALLED_HEADER);
@@ -1074,7 +1103,11 @@ fn assemble_with(
         } else {
             order
         };
-        read_ranked(inner, &order, |hit| {
+        // (An error of the closure below, which stops the reading.)
+        let mut failed: Option<HarnessError> = None;
+        // Per recalled line, the copies of its text it names the days of (read after).
+        let mut line_copies_taken: Vec<Vec<u64>> = Vec::new();
+        read_ranked(inner, &order, |hit, vid| {
             if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                 return false;
             }
@@ -1136,14 +1169,45 @@ fn assemble_with(
                 texts.insert(said);
                 return true;
             }
-            let days = vec![day];
-            let count = DaysCount::new(counter, day);
-            let mut cost = counter.count(&recalled_line(&m.content));
+            let line = counter.count(&recalled_line(&m.content));
+            let first = if recalled.is_empty() { block_header } else { 0 };
+            // The line with every day its text was said in the thread (its other copies, by
+            // the index), when it fits with them; else with its own day, as the copies that
+            // come up as candidates add theirs.
+            let taken = match line_copies(
+                inner,
+                &turns_filter,
+                vid,
+                &m,
+                &texts,
+                |days, count| {
+                    let header = if groups.contains_key(days) {
+                        0
+                    } else {
+                        count.tokens(&pieces)
+                    };
+                    used + line + first + header <= budget
+                },
+                counter,
+            ) {
+                Ok(r) => r,
+                Err(e) => {
+                    failed = Some(e);
+                    return false;
+                }
+            };
+            let LineDays {
+                days,
+                count,
+                copies,
+            } = taken.unwrap_or_else(|| LineDays {
+                days: vec![day],
+                count: DaysCount::new(counter, day),
+                copies: Vec::new(),
+            });
+            let mut cost = line + first;
             if !groups.contains_key(&days) {
                 cost += count.tokens(&pieces);
-            }
-            if recalled.is_empty() {
-                cost += block_header;
             }
             // (Turns only, none of them recent: none is in the context yet.)
             if used + cost > budget {
@@ -1151,14 +1215,21 @@ fn assemble_with(
             }
             used += cost;
             *groups.entry(days.clone()).or_default() += 1;
+            for d in &days {
+                texts.insert((*d, m.content.clone()));
+            }
             line_days.push((days, count));
-            texts.insert(said);
             lines.insert(line_key, recalled.len());
             let mut it = owned_item(m, Section::Recalled);
             it.tokens = cost;
             recalled.push(it);
+            line_copies_taken.push(copies);
             true
         })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        recount = read_repeats(inner, &mut recalled, &line_copies_taken, &recent_ids)?;
         recalled.sort_by_key(|i| i.created_at);
     }
 
@@ -1175,6 +1246,13 @@ fn assemble_with(
         tokens: used,
         budget,
     };
+    if recount {
+        ctx.tokens = ctx
+            .to_messages()
+            .iter()
+            .map(|m| counter.count_message(&m.content))
+            .sum();
+    }
     while !counter.newline_additive() {
         ctx.tokens = ctx
             .to_messages()
@@ -1192,6 +1270,152 @@ fn assemble_with(
     }
     attribute_recalled_tokens(&mut ctx.items[n_summaries..], counter);
     Ok(ctx)
+}
+
+/// The first [`MAX_TRIED`] of the ranked turns `ranked` (best first) that are distinct
+/// texts: a copy of a text ranked higher (the same words stored again, which hold the same
+/// vector) is left out, as its line will name its day (see [`line_copies`]).
+fn distinct_texts(
+    inner: &Inner,
+    ranked: impl Iterator<Item = (u64, f32)>,
+) -> Result<Vec<(u64, f32)>> {
+    let mut ranked = ranked.peekable();
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut out = Vec::new();
+    while out.len() < MAX_TRIED && ranked.peek().is_some() {
+        let chunk: Vec<(u64, f32)> = ranked.by_ref().take(MAX_TRIED - out.len()).collect();
+        let ids: Vec<u64> = chunk.iter().map(|r| r.0).collect();
+        let keys = inner.store.copy_keys(&ids)?;
+        out.extend(
+            chunk
+                .into_iter()
+                .zip(keys)
+                .filter(|(_, key)| seen.insert(*key))
+                .map(|(r, _)| r),
+        );
+    }
+    Ok(out)
+}
+
+/// The days of a new recalled line for turn `m` (index id `vid`) with the other days its
+/// text was said in the thread: the copies the index knows of (the same words, which hold
+/// the same vector), one a day, leaving out the days `texts` already holds the words on.
+/// `fits` tells from a set of days and their header's count whether the line fits with
+/// them: all the days when they fit, else the days nearest the line's own first, as many as
+/// fit (a text said on 70 days would otherwise cost its line its place). No row is read
+/// here: the copies taken are read together once the block is packed (see
+/// [`read_repeats`]). `None` when no other day is taken.
+fn line_copies(
+    inner: &Inner,
+    turns: &Filter,
+    vid: u64,
+    m: &MemoryUnit,
+    texts: &HashSet<(NaiveDate, String)>,
+    fits: impl Fn(&[NaiveDate], &DaysCount) -> bool,
+    counter: &dyn TokenCounter,
+) -> Result<Option<LineDays>> {
+    let day = m.created_at.date_naive();
+    let mut others: Vec<(u64, DateTime<Utc>)> = Vec::new();
+    let mut days: Vec<NaiveDate> = vec![day];
+    for (v, at) in inner.store.copies_of(vid, turns)? {
+        let d = at.date_naive();
+        if v != vid && !days.contains(&d) && !texts.contains(&(d, m.content.clone())) {
+            days.push(d);
+            others.push((v, at));
+        }
+    }
+    if others.is_empty() {
+        return Ok(None);
+    }
+    days.sort_unstable();
+    let mut count = DaysCount::new(counter, days[0]);
+    for d in &days[1..] {
+        count.add(counter, *d);
+    }
+    if !fits(&days, &count) {
+        // The nearest days first, while they fit (a header costs more with every day, but
+        // for one shared with another line: the whole set was tried above).
+        others.sort_by_key(|(v, at)| ((*at - m.created_at).abs(), *v));
+        days = vec![day];
+        count = DaysCount::new(counter, day);
+        let mut taken = 0;
+        for (_, at) in &others {
+            let d = at.date_naive();
+            let mut more = days.clone();
+            more.insert(more.partition_point(|x| *x < d), d);
+            let mut c = count.clone();
+            c.add(counter, d);
+            if !fits(&more, &c) {
+                break;
+            }
+            (days, count) = (more, c);
+            taken += 1;
+        }
+        others.truncate(taken);
+        if others.is_empty() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(LineDays {
+        days,
+        count,
+        copies: others.into_iter().map(|(v, _)| v).collect(),
+    }))
+}
+
+/// A recalled line's days (oldest first), their header's count, and the index ids of the
+/// copies of its text said on the days other than its own.
+struct LineDays {
+    days: Vec<NaiveDate>,
+    count: DaysCount,
+    copies: Vec<u64>,
+}
+
+/// Reads the rows of the copies each recalled line took (`copies`: per line of `recalled`,
+/// their index ids) in one batch and makes them the lines' repeats, oldest first. A copy
+/// must be the same words from the same speaker (the same role and metadata `speaker`),
+/// and neither a recent turn nor hidden: another speaker's same words (they embed alike
+/// when the speaker is not in the text) or a turn superseded since the index was read are
+/// left out. Returns whether one was (the line then names fewer days than were counted).
+fn read_repeats(
+    inner: &Inner,
+    recalled: &mut [ContextItem],
+    copies: &[Vec<u64>],
+    recent: &HashSet<MemoryId>,
+) -> Result<bool> {
+    let wanted: Vec<(u64, f32)> = copies.iter().flatten().map(|v| (*v, 0.0)).collect();
+    if wanted.is_empty() {
+        return Ok(false);
+    }
+    let n = wanted.len();
+    let mut rows: HashMap<u64, MemoryUnit> = read_chunk(inner, &wanted)?
+        .into_iter()
+        .map(|(h, vid)| (vid, h.memory))
+        .collect();
+    let now = inner.clock.now();
+    let mut kept = 0;
+    for (it, vids) in recalled.iter_mut().zip(copies) {
+        for vid in vids {
+            let Some(c) = rows.remove(vid) else {
+                continue;
+            };
+            if c.content == it.content
+                && c.role == it.role
+                && c.speaker() == it.metadata.get("speaker").and_then(|s| s.as_str())
+                && !recent.contains(&c.id)
+                && !hidden(&c, now)
+            {
+                it.repeats.push(Repeat {
+                    id: c.id,
+                    created_at: c.created_at,
+                    metadata: c.metadata,
+                });
+                kept += 1;
+            }
+        }
+        it.repeats.sort_by_key(|r| r.created_at);
+    }
+    Ok(kept < n)
 }
 
 /// A turn ranked for recall: index id, score, time.
@@ -1456,7 +1680,8 @@ struct KeywordLane {
 struct VectorLane {
     stretches: Vec<Vec<TimelineEntry>>,
     qv: Vec<f32>,
-    vector: Vec<(u64, f32)>,
+    /// The nearest distinct texts: (one turn holding it, similarity, turns holding it).
+    vector: Vec<(u64, f32, usize)>,
 }
 
 /// What [`stretches_around`]'s second thread does, for its errors.
@@ -1556,7 +1781,7 @@ fn bounded_ranking(
             // The keyword lane is waiting for it, or has failed: then its error is returned,
             // and the vector ranking is not needed.
             let vector = if send_qv.send(qv.clone()).is_ok() {
-                store.search_vector_ids(qv.clone(), depth, f, None)?
+                store.search_vector_groups(qv.clone(), depth, f, None)?
             } else {
                 Vec::new()
             };
@@ -1581,20 +1806,42 @@ fn bounded_ranking(
         vector,
     } = vector_side;
     let KeywordLane { keyword, pages } = keyword_side;
-    let scales = Scales::new(&vector, &keyword, turns);
+    // The scales see the similarities of the nearest `depth` turns, copies counted, as a
+    // search by turn ranks them.
+    let by_turn: Vec<(u64, f32)> = vector
+        .iter()
+        .flat_map(|(v, sim, n)| std::iter::repeat_n((*v, *sim), *n))
+        .take(depth)
+        .collect();
+    let scales = Scales::new(&by_turn, &keyword, turns);
     // The route's turns: under the summaries that match the query best.
     let routed: HashSet<u64> = pages.iter().flatten().map(|e| e.vid).collect();
     stretches.extend(pages);
-    // Around the best matches by vector or keyword alone.
-    let mut vmap: HashMap<u64, f32> = vector.iter().copied().collect();
-    let kmap: HashMap<u64, f32> = keyword.iter().copied().collect();
-    let mut best: Vec<(u64, f32)> = vmap
-        .keys()
-        .chain(kmap.keys().filter(|v| !vmap.contains_key(v)))
-        .map(|v| {
-            let b = scales.base(vmap.get(v).copied(), kmap.get(v).copied(), w);
-            (*v, b)
-        })
+    // Around the best matches by vector or keyword alone, one per text: the copies of a
+    // text (the same words stored again, which hold the same vector) match alike, and a
+    // thread that repeats its texts would otherwise spend every stretch on the copies of a
+    // few (a text stored 18 times took 18 of the 100). The copies of a text share its
+    // scores: the keyword ranking holds some of a text's copies, the vector ranking one.
+    let mut vmap: HashMap<u64, f32> = vector.iter().map(|(v, sim, _)| (*v, *sim)).collect();
+    let mut kmap: HashMap<u64, f32> = keyword.iter().copied().collect();
+    let mut ids: Vec<u64> = vmap.keys().copied().collect();
+    ids.extend(kmap.keys().filter(|v| !vmap.contains_key(v)));
+    let keys = store.copy_keys(&ids)?;
+    // Per text (by key): one turn holding it (the least id met), similarity, BM25 score.
+    let mut texts: FxHashMap<u64, (u64, Option<f32>, Option<f32>)> = FxHashMap::default();
+    for (v, key) in ids.iter().zip(&keys) {
+        let t = texts.entry(*key).or_insert((*v, None, None));
+        t.0 = t.0.min(*v);
+        if let Some(s) = vmap.get(v) {
+            t.1 = Some(*s);
+        }
+        if let Some(s) = kmap.get(v) {
+            t.2 = Some(t.2.map_or(*s, |k| k.max(*s)));
+        }
+    }
+    let mut best: Vec<(u64, f32)> = texts
+        .values()
+        .map(|(v, vs, ks)| (*v, scales.base(*vs, *ks, w)))
         .collect();
     best.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     best.truncate(WINDOWS);
@@ -1618,6 +1865,18 @@ fn bounded_ranking(
         .collect();
     stretches.extend(store.timeline_of(&missing)?.into_iter().map(|e| vec![e]));
     let segments = join_stretches(stretches);
+    // A turn in the stretches that is a copy of a ranked text has that text's scores.
+    let seen: Vec<u64> = segments.iter().flatten().map(|e| e.vid).collect();
+    for (v, key) in seen.iter().zip(store.copy_keys(&seen)?) {
+        if let Some((_, vs, ks)) = texts.get(&key) {
+            if let Some(s) = vs {
+                vmap.entry(*v).or_insert(*s);
+            }
+            if let Some(s) = ks {
+                kmap.entry(*v).or_insert(*s);
+            }
+        }
+    }
     // Turns the vector search did not rank get their similarity from the index's vectors.
     let unranked: Vec<u64> = segments
         .iter()
@@ -1766,24 +2025,26 @@ mod tests {
             .expect("timeline");
         assert_eq!(all.len(), 150);
         // A ranking over several chunks, in no time order.
-        let mut order: Vec<(u64, f32)> = all.iter().map(|e| (e.vid, 0.0)).collect();
+        #[allow(clippy::cast_precision_loss)]
+        let mut order: Vec<(u64, f32)> = all.iter().map(|e| (e.vid, e.vid as f32 / 2.0)).collect();
         order.reverse();
         order.rotate_left(7);
         assert!(order.len() > 3 * READ_CHUNK);
         let mut seen = Vec::new();
-        read_ranked(inner, &order, |h| {
-            seen.push(h.memory.content);
+        read_ranked(inner, &order, |h, vid| {
+            seen.push((h.memory.content, vid, h.score));
             true
         })
         .expect("read");
         let by_vid: HashMap<u64, usize> = all.iter().enumerate().map(|(i, e)| (e.vid, i)).collect();
-        let want: Vec<String> = order
+        // Each row with its own id and score.
+        let want: Vec<(String, u64, f32)> = order
             .iter()
-            .map(|(v, _)| format!("turn number {}", by_vid[v]))
+            .map(|(v, s)| (format!("turn number {}", by_vid[v]), *v, *s))
             .collect();
         assert_eq!(seen, want);
         let mut taken = 0;
-        read_ranked(inner, &order, |_| {
+        read_ranked(inner, &order, |_, _| {
             taken += 1;
             taken < 5
         })

@@ -695,3 +695,106 @@ async fn repeats_fold_into_one_line_within_any_budget() {
     assert!(folded > 0, "no repeats folded at any budget");
     assert!(across_years > 0, "no line named days of two years");
 }
+
+/// A thread that repeats its texts (a diary said again on many days): the copies of a text
+/// are one candidate, so the texts that match are recalled side by side instead of one
+/// text's copies taking the room, and each recalled line names every day its text was said
+/// in the thread (its copies, found by the index), on both paths.
+#[tokio::test]
+async fn a_repeated_text_is_one_line_naming_all_its_days() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir).await;
+    let thread = ThreadId::new("diary").unwrap();
+    let t0 = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let cat = [
+        "My cat Miso knocked the plant off the shelf again.",
+        "Took Miso the cat to the vet for her vaccines.",
+        "The cat has started sleeping on my keyboard.",
+        "Bought a new scratching post for the cat.",
+        "Miso caught a moth in the kitchen tonight.",
+        "The cat refuses to eat the new brand of food.",
+    ];
+    let other = [
+        "Ran five kilometres along the river.",
+        "Finished reading the novel about the lighthouse keeper.",
+        "Paid the electricity bill online.",
+        "Called my sister about the holiday plans.",
+    ];
+    let mut turns = Vec::new();
+    // Text `i` on days i, i + 3, i + 6, ...: twelve days each, a set of days of its own.
+    for (i, text) in cat.iter().chain(&other).enumerate() {
+        for n in 0..12i64 {
+            let at = t0 + chrono::Duration::days(i as i64 + 3 * n) + chrono::Duration::hours(9);
+            turns.push(NewMemory::conversational(thread.clone(), Role::User, *text).at(at));
+        }
+    }
+    for n in 0..40i64 {
+        let at = t0 + chrono::Duration::days(n) + chrono::Duration::hours(20);
+        turns.push(
+            NewMemory::conversational(thread.clone(), Role::User, format!("Evening {n}: quiet."))
+                .at(at),
+        );
+    }
+    turns.push(
+        NewMemory::conversational(thread.clone(), Role::User, "Good night.")
+            .at(t0 + chrono::Duration::days(60)),
+    );
+    mem.add_many(turns).await.unwrap();
+    for bounded_above in [0, usize::MAX] {
+        let options = ContextOptions {
+            bounded_above,
+            ..ContextOptions::default()
+        };
+        let ctx = mem
+            .assemble_context_with("diary", "What has my cat been up to?", 2_000, options)
+            .await
+            .unwrap();
+        assert_eq!(ctx.tokens, exact_tokens(&mem, &ctx));
+        let lines: Vec<_> = ctx
+            .items
+            .iter()
+            .filter(|i| i.section == Section::Recalled)
+            .collect();
+        let texts: HashSet<&str> = lines.iter().map(|i| i.content.as_str()).collect();
+        assert_eq!(
+            texts.len(),
+            lines.len(),
+            "a text on one line: {}",
+            ctx.render()
+        );
+        for text in cat {
+            assert!(
+                texts.contains(text),
+                "bounded above {bounded_above}: {text:?} missing from\n{}",
+                ctx.render()
+            );
+        }
+        for i in &lines {
+            if i.content.starts_with("Evening") {
+                continue;
+            }
+            let mut days: HashSet<chrono::NaiveDate> = std::iter::once(i.created_at)
+                .chain(i.repeats.iter().map(|r| r.created_at))
+                .map(|t| t.date_naive())
+                .collect();
+            assert_eq!(days.len(), i.repeats.len() + 1);
+            // With the days the recent turns say it on (shown as they are), all twelve.
+            for r in ctx.items.iter().filter(|r| r.section == Section::Recent) {
+                if r.content == i.content {
+                    assert!(days.insert(r.created_at.date_naive()));
+                }
+            }
+            assert_eq!(days.len(), 12, "{}: {}", i.content, ctx.render());
+            for r in &i.repeats {
+                let m = mem.get(r.id).await.unwrap();
+                assert_eq!(
+                    (m.content.as_str(), m.created_at),
+                    (i.content.as_str(), r.created_at)
+                );
+            }
+        }
+        // The block names each line's days once, under its header.
+        let rendered = ctx.render();
+        assert!(rendered.contains("; also on 2023:"), "{rendered}");
+    }
+}

@@ -212,6 +212,38 @@ pub trait MemoryBackend: Send + Sync {
         ef: Option<usize>,
     ) -> Result<Vec<(u64, f32)>>;
 
+    /// [`Self::search_vector_ids`] with `k` counting distinct vectors: memories holding the
+    /// same vector (the same text stored again) are one answer, as (the least index id among
+    /// them, similarity, how many of them `filter` admits), best first. By default each
+    /// memory is its own answer (a backend that does not tell copies apart).
+    fn search_vector_groups(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32, usize)>> {
+        Ok(self
+            .search_vector_ids(query, k, filter, ef)?
+            .into_iter()
+            .map(|(v, s)| (v, s, 1))
+            .collect())
+    }
+
+    /// For each of `vids`, a key that exactly the memories holding the same vector share
+    /// (see [`Self::search_vector_groups`]). By default each memory's own id.
+    fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
+        Ok(vids.to_vec())
+    }
+
+    /// The memories `filter` admits (its thread, kinds, levels, time window and visibility)
+    /// that hold the same vector as memory `vid`, `vid` among them when admitted, as (index
+    /// id, time), in id order. By default none are known: empty.
+    fn copies_of(&self, vid: u64, filter: &Filter) -> Result<Vec<(u64, DateTime<Utc>)>> {
+        let _ = (vid, filter);
+        Ok(Vec::new())
+    }
+
     /// [`Self::search_vector_ids`] scored exactly on every admitted memory, never through an
     /// approximate index.
     fn search_vector_ids_exact(
@@ -892,6 +924,24 @@ impl MemoryBackend for crate::Store {
         ef: Option<usize>,
     ) -> Result<Vec<(u64, f32)>> {
         crate::Store::search_vector_ids(self, query, k, filter, ef)
+    }
+
+    fn search_vector_groups(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32, usize)>> {
+        crate::Store::search_vector_groups(self, query, k, filter, ef)
+    }
+
+    fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
+        crate::Store::copy_keys(self, vids)
+    }
+
+    fn copies_of(&self, vid: u64, filter: &Filter) -> Result<Vec<(u64, DateTime<Utc>)>> {
+        crate::Store::copies_of(self, vid, filter)
     }
 
     fn search_vector_ids_exact(

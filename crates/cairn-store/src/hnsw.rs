@@ -245,6 +245,9 @@ pub struct Hnsw {
     /// twins too. Linked, 70 copies of one text would fill each other's neighbour lists
     /// (each at distance 0 from the rest), cutting the graph into cliques no walk crosses.
     twins: Vec<AtomicU32>,
+    /// Per node on a twin chain, the node the chain hangs on (its head, a linked node);
+    /// [`NO_TWIN`] for a node that is not a twin.
+    heads: Vec<AtomicU32>,
     /// Whether any node has a twin (searches skip the chains otherwise).
     has_twins: AtomicBool,
     /// `level << 32 | node`, or [`EMPTY`].
@@ -285,6 +288,7 @@ impl Hnsw {
             upper: Vec::new(),
             locks: Vec::new(),
             twins: Vec::new(),
+            heads: Vec::new(),
             has_twins: AtomicBool::new(false),
             entry: AtomicU64::new(EMPTY),
             entry_lock: Mutex::new(()),
@@ -353,6 +357,7 @@ impl Hnsw {
             self.scales.reserve_exact(extra);
             self.links0.reserve_exact(extra * (self.m0 + 1));
             self.twins.reserve_exact(extra);
+            self.heads.reserve_exact(extra);
         }
         for (label, v) in items {
             let level = self.level_for(*label);
@@ -369,6 +374,7 @@ impl Hnsw {
             );
             self.locks.push(Mutex::new(()));
             self.twins.push(AtomicU32::new(NO_TWIN));
+            self.heads.push(AtomicU32::new(NO_TWIN));
         }
         Ok(start..end)
     }
@@ -523,14 +529,16 @@ impl Hnsw {
 
     /// Hangs unlinked node `q` on `node`'s twin chain.
     fn add_twin(&self, node: u32, q: u32) {
-        let (Some(guard), Some(head), Some(next)) = (
+        let (Some(guard), Some(head), Some(next), Some(hangs_on)) = (
             self.locks.get(node as usize),
             self.twins.get(node as usize),
             self.twins.get(q as usize),
+            self.heads.get(q as usize),
         ) else {
             return;
         };
         let _g = lock(guard);
+        hangs_on.store(node, Mem::Release);
         next.store(head.load(Mem::Acquire), Mem::Release);
         head.store(q, Mem::Release);
         self.has_twins.store(true, Mem::Release);
@@ -550,6 +558,37 @@ impl Hnsw {
     fn twins_of(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
         std::iter::successors(Some(self.twin_next(node)), |t| Some(self.twin_next(*t)))
             .take_while(|t| *t != NO_TWIN)
+    }
+
+    /// The node whose twin chain `node` hangs on, or `node` itself when it is not a twin.
+    #[inline(always)]
+    fn head_of(&self, node: u32) -> u32 {
+        match self.heads.get(node as usize).map(|h| h.load(Mem::Acquire)) {
+            Some(h) if h != NO_TWIN => h,
+            _ => node,
+        }
+    }
+
+    /// Which vector the node holding `label` holds, as a key: labels with the same key hold
+    /// the same vector (copies of one text, see [`Self::twin_labels`]); `None` for a label
+    /// the graph does not hold.
+    pub fn twin_key(&self, label: u64) -> Option<u64> {
+        let node = *self.nodes.get(&label)?;
+        self.labels.get(self.head_of(node) as usize).copied()
+    }
+
+    /// The labels of every node holding the same vector as `label`'s (the same text stored
+    /// again), `label` among them, in no particular order; empty for a label the graph does
+    /// not hold.
+    pub fn twin_labels(&self, label: u64) -> Vec<u64> {
+        let Some(&node) = self.nodes.get(&label) else {
+            return Vec::new();
+        };
+        let head = self.head_of(node);
+        std::iter::once(head)
+            .chain(self.twins_of(head))
+            .filter_map(|n| self.labels.get(n as usize).copied())
+            .collect()
     }
 
     /// Best-first search of one layer from `eps`; leaves up to `ef` admitted nodes in
@@ -827,14 +866,73 @@ impl Hnsw {
         })
     }
 
+    /// [`Self::search`] with `k` counting distinct vectors: the `k` nearest vectors held by a
+    /// node whose label `admit` accepts, each as (the least admitted label holding it, its
+    /// distance, how many admitted labels hold it), nearest first. Copies of one text (a
+    /// node and its twins) are one answer, so 70 copies of the best match do not fill the
+    /// answer with one text.
+    pub fn search_groups(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        admit: Option<&dyn Fn(u64) -> bool>,
+    ) -> Vec<(u64, f32, usize)> {
+        if query.len() != self.dim || k == 0 {
+            return Vec::new();
+        }
+        self.arch.dispatch(GroupsOp {
+            g: self,
+            q: query,
+            k,
+            ef: ef.max(k),
+            admit,
+        })
+    }
+
     #[inline(always)]
-    fn search_inner(
+    fn search_groups_inner(
         &self,
         q: &[f32],
         k: usize,
         ef: usize,
         admit: Option<&dyn Fn(u64) -> bool>,
-    ) -> Vec<(u64, f32)> {
+    ) -> Vec<(u64, f32, usize)> {
+        let approx = self.beam(q, ef, admit);
+        // As in `search_inner`, the f32 re-rank of the approximate top 3k.
+        let want = (3 * k).max(32);
+        let mut found: Vec<(Cand, u64, usize)> = Vec::with_capacity(want.min(approx.len()));
+        for c in approx.into_iter().take(want) {
+            let mut least: Option<u64> = None;
+            let mut n = 0usize;
+            for id in std::iter::once(c.id).chain(self.twins_of(c.id)) {
+                if self.label_admitted(id, admit) {
+                    if let Some(l) = self.labels.get(id as usize) {
+                        least = Some(least.map_or(*l, |x| x.min(*l)));
+                        n += 1;
+                    }
+                }
+            }
+            if let Some(l) = least {
+                found.push((
+                    Cand {
+                        d: self.dist(q, c.id),
+                        id: c.id,
+                    },
+                    l,
+                    n,
+                ));
+            }
+        }
+        found.sort_unstable_by(|a, b| a.0.d.total_cmp(&b.0.d).then(a.1.cmp(&b.1)));
+        found.truncate(k);
+        found.into_iter().map(|(c, l, n)| (l, c.d, n)).collect()
+    }
+
+    /// The layer-0 beam of a search for `q` (up to `ef` admitted nodes, a node admitted
+    /// when one of its twins is), nearest first by int8 distance.
+    #[inline(always)]
+    fn beam(&self, q: &[f32], ef: usize, admit: Option<&dyn Fn(u64) -> bool>) -> Vec<Cand> {
         let Some((mut ep, top_level)) = self.entry() else {
             return Vec::new();
         };
@@ -850,11 +948,25 @@ impl Hnsw {
         }
         s.ids = ids;
         self.search_layer(qc, &[Cand { d, id: ep }], 0, ef, admit, true, &mut s);
+        let mut approx: Vec<Cand> = s.top.drain().collect();
+        s.code = code;
+        self.give_scratch(s);
+        approx.sort_unstable();
+        approx
+    }
+
+    #[inline(always)]
+    fn search_inner(
+        &self,
+        q: &[f32],
+        k: usize,
+        ef: usize,
+        admit: Option<&dyn Fn(u64) -> bool>,
+    ) -> Vec<(u64, f32)> {
         // Re-rank the best candidates with the f32 vectors: the true top k sits well inside
         // the approximate top 3k (int8 distances are off by about 1e-3).
         // A node stands for its admitted twins as well (see `search_layer`).
-        let mut approx: Vec<Cand> = s.top.drain().collect();
-        approx.sort_unstable();
+        let approx = self.beam(q, ef, admit);
         let want = (3 * k).max(32);
         let mut found: Vec<Cand> = Vec::with_capacity(want.min(approx.len()));
         for c in approx {
@@ -870,8 +982,6 @@ impl Hnsw {
                 }
             }
         }
-        s.code = code;
-        self.give_scratch(s);
         found.sort_unstable();
         found.truncate(k);
         found
@@ -1075,6 +1185,21 @@ impl Hnsw {
             return Err(bad("a twin chain points outside the graph or loops".into()));
         }
         g.has_twins = AtomicBool::new(twins.iter().any(|t| *t != NO_TWIN));
+        // Each chain walked from its head (a node no twin link points at); the chains were
+        // checked above to be simple lists.
+        let mut heads = vec![NO_TWIN; n];
+        let mut pointed = vec![false; n];
+        for t in twins.iter().filter(|t| **t != NO_TWIN) {
+            pointed[*t as usize] = true;
+        }
+        for head in (0..n).filter(|h| !pointed[*h] && twins[*h] != NO_TWIN) {
+            let mut t = twins[head];
+            while t != NO_TWIN {
+                heads[t as usize] = head as u32;
+                t = twins[t as usize];
+            }
+        }
+        g.heads = heads.into_iter().map(AtomicU32::new).collect();
         g.twins = twins.into_iter().map(AtomicU32::new).collect();
         g.links0 = links0.into_iter().map(AtomicU32::new).collect();
         let mut rest = upper.as_slice();
@@ -1155,6 +1280,24 @@ impl pulp::WithSimd for SearchOp<'_> {
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
         self.g.search_inner(self.q, self.k, self.ef, self.admit)
+    }
+}
+
+struct GroupsOp<'a> {
+    g: &'a Hnsw,
+    q: &'a [f32],
+    k: usize,
+    ef: usize,
+    admit: Option<&'a dyn Fn(u64) -> bool>,
+}
+
+impl pulp::WithSimd for GroupsOp<'_> {
+    type Output = Vec<(u64, f32, usize)>;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) -> Self::Output {
+        self.g
+            .search_groups_inner(self.q, self.k, self.ef, self.admit)
     }
 }
 
@@ -1570,6 +1713,65 @@ mod tests {
         let mut wild = buf.clone();
         wild[at..at + 4].copy_from_slice(&(n as u32).to_le_bytes());
         assert!(Hnsw::read_from(&mut wild.as_slice(), 16, HnswParams::default()).is_err());
+    }
+
+    #[test]
+    fn copies_are_one_answer_and_known_by_key() {
+        let (distinct, copies) = (100, 5);
+        // Copy `c` of vector `i` is label `c * distinct + i`.
+        let vector_of = |l: u64| l % distinct as u64;
+        // (One thread: parallel inserts of one vector may both link, see above.)
+        {
+            let (g, data) = repeated(distinct, copies, 16, 1);
+            let mut buf = Vec::new();
+            g.write_to(&mut buf).unwrap();
+            let h = Hnsw::read_from(&mut buf.as_slice(), 16, HnswParams::default()).unwrap();
+            for graph in [&g, &h] {
+                // Every copy of a vector, and nothing else, shares its key and its labels.
+                let mut keys = HashSet::new();
+                for i in 0..distinct as u64 {
+                    let key = graph.twin_key(i).unwrap();
+                    assert!(keys.insert(key), "vector {i} has a key of its own");
+                    for c in 0..copies as u64 {
+                        let l = c * distinct as u64 + i;
+                        assert_eq!(graph.twin_key(l), Some(key));
+                        let mut labels = graph.twin_labels(l);
+                        labels.sort_unstable();
+                        let want: Vec<u64> = (0..copies as u64)
+                            .map(|c| c * distinct as u64 + i)
+                            .collect();
+                        assert_eq!(labels, want);
+                    }
+                }
+                assert_eq!(graph.twin_key(u64::MAX), None);
+                assert!(graph.twin_labels(u64::MAX).is_empty());
+                let mut rng = StdRng::seed_from_u64(5);
+                for round in 0..10 {
+                    let q = unit(&mut rng, 16);
+                    let even = |l: u64| l % 2 == 0;
+                    let admit: Option<&dyn Fn(u64) -> bool> =
+                        if round % 2 == 0 { Some(&even) } else { None };
+                    let groups = graph.search_groups(&q, 30, 64, admit);
+                    assert_eq!(groups.len(), 30, "round {round}: 30 distinct vectors");
+                    assert!(groups.windows(2).all(|w| w[0].1 <= w[1].1));
+                    let vectors: HashSet<u64> = groups.iter().map(|g| vector_of(g.0)).collect();
+                    assert_eq!(vectors.len(), 30, "round {round}: each vector once");
+                    for (label, d, n) in &groups {
+                        let admitted: Vec<u64> = (0..copies as u64)
+                            .map(|c| c * distinct as u64 + vector_of(*label))
+                            .filter(|l| admit.is_none_or(|f| f(*l)))
+                            .collect();
+                        assert_eq!(*n, admitted.len());
+                        assert_eq!(Some(label), admitted.iter().min());
+                        let v = &data[vector_of(*label) as usize];
+                        assert!((d - (1.0 - dot(&q, v))).abs() < 1e-6);
+                    }
+                    // The nearest vectors, as the plain search ranks their copies.
+                    let first = graph.search(&q, copies, 64, admit);
+                    assert_eq!(vector_of(first[0].0), vector_of(groups[0].0));
+                }
+            }
+        }
     }
 
     #[test]

@@ -215,6 +215,11 @@ pub(crate) struct VectorIndex {
     attrs: RwLock<Attrs>,
 }
 
+/// A graph label as a vid (labels past `usize` match no entry).
+fn label_vid(l: u64) -> usize {
+    usize::try_from(l).unwrap_or(usize::MAX)
+}
+
 fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())
 }
@@ -354,30 +359,91 @@ impl VectorIndex {
         ef: usize,
         admit: Option<&Admit<'_>>,
     ) -> Vec<(usize, f32)> {
+        self.walk(admit, |g, f, live| {
+            g.search(query, k, ef.max(k), f)
+                .into_iter()
+                .filter(|(l, _)| live(*l))
+                .map(|(l, d)| (label_vid(l), 1.0 - d))
+                .collect()
+        })
+    }
+
+    /// [`Self::search`] with `k` counting distinct vectors (see [`Hnsw::search_groups`]): the
+    /// `k` nearest vectors that live entries admitted by `admit` hold, each as (the least
+    /// such vid, similarity, how many such entries hold it), best first.
+    pub fn search_groups(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        admit: Option<&Admit<'_>>,
+    ) -> Vec<(usize, f32, usize)> {
+        self.walk(admit, |g, f, live| {
+            g.search_groups(query, k, ef.max(k), f)
+                .into_iter()
+                .filter(|(l, _, _)| live(*l))
+                .map(|(l, d, n)| (label_vid(l), 1.0 - d, n))
+                .collect()
+        })
+    }
+
+    /// Runs a graph search `search` with the label test that admits the live entries
+    /// `admit` accepts (no test when the graph holds as many nodes as live entries and all
+    /// are admitted), and a test of liveness for its answers (a node deleted while another
+    /// entry waits to be linked passes the first).
+    fn walk<T>(
+        &self,
+        admit: Option<&Admit<'_>>,
+        search: impl FnOnce(&Hnsw, Option<&dyn Fn(u64) -> bool>, &dyn Fn(u64) -> bool) -> T,
+    ) -> T {
         let g = read_lock(&self.graph);
         let attrs = read_lock(&self.attrs);
-        let ef = ef.max(k);
-        let vid = |l: u64| usize::try_from(l).unwrap_or(usize::MAX);
         // Nodes not (yet, or no longer) live are filtered out; with none, no filter runs.
         let all_live = g.graph.len() == attrs.map.len();
-        let live = |l: u64| attrs.map.contains_key(&vid(l));
+        let live = |l: u64| attrs.map.contains_key(&label_vid(l));
         let filtered = |l: u64| {
-            let v = vid(l);
+            let v = label_vid(l);
             attrs
                 .map
                 .get(&v)
                 .is_some_and(|a| admit.is_some_and(|f| f(v, a)))
         };
-        let found = match admit {
-            None if all_live => g.graph.search(query, k, ef, None),
-            None => g.graph.search(query, k, ef, Some(&live)),
-            Some(_) => g.graph.search(query, k, ef, Some(&filtered)),
-        };
-        found
-            .into_iter()
-            .filter(|(l, _)| live(*l))
-            .map(|(l, d)| (vid(l), 1.0 - d))
+        match admit {
+            None if all_live => search(&g.graph, None, &live),
+            None => search(&g.graph, Some(&live), &live),
+            Some(_) => search(&g.graph, Some(&filtered), &live),
+        }
+    }
+
+    /// For each of `vids`, which vector its graph node holds, as a key: vids with the same
+    /// key hold the same vector (the same text stored again); `None` for a vid the graph
+    /// does not hold.
+    pub fn twin_keys(&self, vids: &[usize]) -> Vec<Option<usize>> {
+        let g = read_lock(&self.graph);
+        vids.iter()
+            .map(|v| {
+                g.graph
+                    .twin_key(*v as u64)
+                    .and_then(|k| usize::try_from(k).ok())
+            })
             .collect()
+    }
+
+    /// The live entries `admit` accepts that hold the same vector as `vid`'s node (`vid`
+    /// among them when admitted), as (vid, time in microseconds), in vid order.
+    pub fn twins(&self, vid: usize, admit: &Admit<'_>) -> Vec<(usize, i64)> {
+        let labels = read_lock(&self.graph).graph.twin_labels(vid as u64);
+        let attrs = read_lock(&self.attrs);
+        let mut out: Vec<(usize, i64)> = labels
+            .into_iter()
+            .filter_map(|l| {
+                let v = usize::try_from(l).ok()?;
+                let a = attrs.map.get(&v)?;
+                admit(v, a).then_some((v, a.created_at))
+            })
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// Exact nearest neighbours among `vids` (best first, as (vid, similarity)), scored on

@@ -17,7 +17,7 @@ use cairn_core::{
     Metadata, NewMemory, SummaryType, ThreadId,
 };
 
-use crate::index::{snapshot_dir, Attr, Entry, IndexHealth, VectorIndex};
+use crate::index::{snapshot_dir, Admit, Attr, Entry, IndexHealth, VectorIndex};
 use crate::rows::{
     self, decode_vector, encode_vector, from_micros, query_units, query_units_with, to_micros,
     Visibility,
@@ -423,6 +423,11 @@ impl AttrRow {
             valid_to: self.valid_to.unwrap_or(i64::MAX),
         })
     }
+}
+
+/// An index id as the index's key (ids past `usize` match nothing).
+fn vid_usize_u64(vid: u64) -> usize {
+    usize::try_from(vid).unwrap_or(usize::MAX)
 }
 
 fn vid_usize(vid: i64) -> usize {
@@ -1925,6 +1930,153 @@ impl Store {
         filter: &Filter,
         ef: Option<usize>,
     ) -> Result<Vec<(u64, f32)>> {
+        let found = self.admitted_search(
+            query,
+            k,
+            filter,
+            ef,
+            |index, q, ef, admit| index.search(q, k, ef, admit),
+            |found, admitted| found.len() >= k.min(admitted),
+            |store, q| store.exact_scan(q, k, filter),
+        )?;
+        Ok(found.into_iter().map(|(v, s)| (v as u64, s)).collect())
+    }
+
+    /// [`Self::search_vector_ids`] with `k` counting distinct vectors: memories that hold the
+    /// same vector (the same text stored again: it embeds bit for bit alike) are one answer,
+    /// as (the least index id among them, similarity, how many of them `filter` admits),
+    /// best first. So a text stored 70 times is one of the `k`, not 70 of them. Where the
+    /// admitted memories are few enough to be scored exactly, copies are told by the graph
+    /// the same way (a memory the graph does not hold yet is its own answer).
+    pub fn search_vector_groups(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+    ) -> Result<Vec<(u64, f32, usize)>> {
+        let found = self.admitted_search(
+            query,
+            k,
+            filter,
+            ef,
+            |index, q, ef, admit| index.search_groups(q, k, ef, admit),
+            |found, admitted| {
+                found.len() >= k || found.iter().map(|g| g.2).sum::<usize>() >= admitted
+            },
+            |store, q| {
+                // Every admitted memory, best first, then one answer per vector.
+                let all = store.exact_scan(q, usize::MAX, filter)?;
+                let vids: Vec<usize> = all.iter().map(|(v, _)| *v).collect();
+                let keys = store.inner.shared.index.twin_keys(&vids);
+                let mut at: HashMap<usize, usize> = HashMap::new();
+                let mut out: Vec<(usize, f32, usize)> = Vec::new();
+                for ((v, sim), key) in all.into_iter().zip(keys) {
+                    match at.get(&key.unwrap_or(v)) {
+                        Some(&n) => {
+                            let g: &mut (usize, f32, usize) = &mut out[n];
+                            g.0 = g.0.min(v);
+                            g.2 += 1;
+                        }
+                        None if out.len() < k => {
+                            at.insert(key.unwrap_or(v), out.len());
+                            out.push((v, sim, 1));
+                        }
+                        None => {}
+                    }
+                }
+                Ok(out)
+            },
+        )?;
+        Ok(found
+            .into_iter()
+            .map(|(v, s, n)| (v as u64, s, n))
+            .collect())
+    }
+
+    /// For each of `vids`, a key that exactly the memories holding the same vector share (the
+    /// same text stored again; see [`Self::search_vector_groups`]); a memory the index does
+    /// not hold (yet) has a key of its own.
+    pub fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
+        self.sync()?;
+        let as_usize: Vec<usize> = vids.iter().map(|v| vid_usize_u64(*v)).collect();
+        Ok(self
+            .inner
+            .shared
+            .index
+            .twin_keys(&as_usize)
+            .into_iter()
+            .zip(vids)
+            .map(|(k, v)| k.map_or(*v, |k| k as u64))
+            .collect())
+    }
+
+    /// The memories `filter` admits that hold the same vector as memory `vid` (the same
+    /// text stored again), `vid` among them when admitted, as (index id, time), in id order;
+    /// from the index, no row is read. Only the filter's thread, kinds, levels, time window
+    /// and visibility apply (not its metadata conditions).
+    pub fn copies_of(&self, vid: u64, filter: &Filter) -> Result<Vec<(u64, DateTime<Utc>)>> {
+        filter.validate()?;
+        self.sync()?;
+        let shared = &self.inner.shared;
+        let thread_key = match &filter.thread {
+            Some(t) => match shared.index.attrs().thread_key(t.as_str()) {
+                Some(k) => Some(k),
+                None => return Ok(Vec::new()),
+            },
+            None if filter.thread_less => Some(0),
+            None => None,
+        };
+        let admit = self.attr_admit(filter, thread_key, None);
+        Ok(shared
+            .index
+            .twins(vid_usize_u64(vid), &admit)
+            .into_iter()
+            .map(|(v, at)| (v as u64, from_micros(at)))
+            .collect())
+    }
+
+    /// Whether an index entry passes `filter`'s conditions on the index's attributes (and
+    /// is among `meta_vids`, the rows its metadata conditions admit, when given).
+    fn attr_admit(
+        &self,
+        filter: &Filter,
+        thread_key: Option<u32>,
+        meta_vids: Option<HashSet<usize>>,
+    ) -> impl Fn(usize, &Attr) -> bool + Sync + use<> {
+        let now = self.now_us();
+        let (as_of, history, expired) =
+            (filter.as_of.map(to_micros), filter.history, filter.expired);
+        let kinds = filter.kinds.clone();
+        let (min_l, max_l) = (filter.min_level, filter.max_level);
+        let (after, before) = (filter.after.map(to_micros), filter.before.map(to_micros));
+        move |vid: usize, a: &Attr| {
+            a.visible(now, as_of, history, expired)
+                && meta_vids.as_ref().is_none_or(|m| m.contains(&vid))
+                && thread_key.is_none_or(|t| a.thread == t)
+                && (kinds.is_empty() || kinds.contains(&a.kind))
+                && min_l.is_none_or(|l| a.level >= l)
+                && max_l.is_none_or(|l| a.level <= l)
+                && after.is_none_or(|t| a.created_at >= t)
+                && before.is_none_or(|t| a.created_at < t)
+        }
+    }
+
+    /// A vector search over the memories `filter` admits: `graph` walks the index (with the
+    /// search breadth and the admission test, `None` when everything live is admitted);
+    /// `enough` tells whether its answer is complete given how many memories are admitted;
+    /// `exact` scores the admitted memories exactly, for small sets and incomplete answers.
+    #[allow(clippy::too_many_arguments)]
+    fn admitted_search<T>(
+        &self,
+        query: Vec<f32>,
+        k: usize,
+        filter: &Filter,
+        ef: Option<usize>,
+        graph: impl FnOnce(&VectorIndex, &[f32], usize, Option<&Admit<'_>>) -> Vec<T>,
+        enough: impl FnOnce(&[T], usize) -> bool,
+        exact: impl FnOnce(&Self, &[f32]) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
         filter.validate()?;
         let q = self.prepare_vector(query)?;
         if k == 0 {
@@ -1986,34 +2138,19 @@ impl Store {
         // graph walk there, and the graph can miss an exact match on a small index (seen:
         // a 158-point graph whose search for a stored vector, ef 2,000, did not return it).
         let found = if few {
-            self.exact_scan(&q, k, filter)?
+            exact(self, &q)?
         } else if filter.is_empty() && timed == 0 {
-            shared.index.search(&q, k, ef, None)
+            graph(&shared.index, &q, ef, None)
         } else {
-            let now = self.now_us();
-            let (as_of, history, expired) =
-                (filter.as_of.map(to_micros), filter.history, filter.expired);
-            let kinds = filter.kinds.clone();
-            let (min_l, max_l) = (filter.min_level, filter.max_level);
-            let (after, before) = (filter.after.map(to_micros), filter.before.map(to_micros));
-            let admit = move |vid: usize, a: &Attr| {
-                a.visible(now, as_of, history, expired)
-                    && meta_vids.as_ref().is_none_or(|m| m.contains(&vid))
-                    && thread_key.is_none_or(|t| a.thread == t)
-                    && (kinds.is_empty() || kinds.contains(&a.kind))
-                    && min_l.is_none_or(|l| a.level >= l)
-                    && max_l.is_none_or(|l| a.level <= l)
-                    && after.is_none_or(|t| a.created_at >= t)
-                    && before.is_none_or(|t| a.created_at < t)
-            };
-            let hits = shared.index.search(&q, k, ef, Some(&admit));
-            if hits.len() < k.min(admitted) {
-                self.exact_scan(&q, k, filter)?
-            } else {
+            let admit = self.attr_admit(filter, thread_key, meta_vids);
+            let hits = graph(&shared.index, &q, ef, Some(&admit));
+            if enough(&hits, admitted) {
                 hits
+            } else {
+                exact(self, &q)?
             }
         };
-        Ok(found.into_iter().map(|(v, s)| (v as u64, s)).collect())
+        Ok(found)
     }
 
     fn exact_scan(&self, q: &[f32], k: usize, filter: &Filter) -> Result<Vec<(usize, f32)>> {

@@ -2021,3 +2021,93 @@ fn mapped_and_unmapped_reads_agree() {
     }
     assert_eq!(answers[0], answers[1]);
 }
+
+/// A text stored several times (its copies hold one vector) is one answer of a search by
+/// distinct vectors, and the store tells its copies, within a thread, from the index:
+/// through the graph and through the exact scan of a small set alike.
+#[test]
+fn copies_of_a_text_are_one_vector_answer() {
+    for graph in [false, true] {
+        let dir = tmp();
+        let mut opts = options(16);
+        if graph {
+            opts.exact_scan_max = 0;
+            opts.exact_scan_factor = 0.0;
+        }
+        let store = Store::open(dir.path().join("c.db"), opts).unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        let vectors: Vec<Vec<f32>> = (0..40).map(|_| random_unit(&mut rng, 16)).collect();
+        let (a, b) = (ThreadId::new("a").unwrap(), ThreadId::new("b").unwrap());
+        // Four copies of each text in thread a, one in thread b, a round per batch (small
+        // batches link on one thread, so every copy finds the text already in the graph).
+        for thread in [&a, &a, &a, &a, &b] {
+            let rows = vectors
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let m =
+                        NewMemory::conversational(thread.clone(), Role::User, format!("text {i}"));
+                    (m, v.clone())
+                })
+                .collect();
+            store.insert_batch(rows).unwrap();
+        }
+        let text_of = |vid: u64| {
+            store.hits(vec![(vid, 0.0)]).unwrap()[0]
+                .memory
+                .content
+                .clone()
+        };
+        let fa = Filter::all().thread(a.clone());
+        let groups = store
+            .search_vector_groups(vectors[7].clone(), 10, &fa, None)
+            .unwrap();
+        assert_eq!(groups.len(), 10, "graph {graph}");
+        assert_eq!(text_of(groups[0].0), "text 7");
+        assert!(groups[0].1 > 0.999);
+        assert!(groups.windows(2).all(|w| w[0].1 >= w[1].1));
+        // Each answer a text of its own, with its four copies in thread a.
+        let named: HashSet<String> = groups.iter().map(|g| text_of(g.0)).collect();
+        assert_eq!(named.len(), 10);
+        assert!(groups.iter().all(|g| g.2 == 4), "graph {graph}: {groups:?}");
+        // The search by memory ranks the copies of text 7 first.
+        let by_memory = store
+            .search_vector_ids(vectors[7].clone(), 4, &fa, None)
+            .unwrap();
+        assert!(by_memory.iter().all(|(v, _)| text_of(*v) == "text 7"));
+        // The copies of text 7: four in thread a, one in b, five without a thread filter;
+        // and they share one key that no other text has.
+        let copies = store.copies_of(groups[0].0, &fa).unwrap();
+        assert_eq!(copies.len(), 4);
+        assert!(copies.iter().all(|(v, _)| text_of(*v) == "text 7"));
+        assert!(copies.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(copies[0].0, groups[0].0, "the least id stands for the text");
+        let in_b = store
+            .copies_of(groups[0].0, &Filter::all().thread(b.clone()))
+            .unwrap();
+        assert_eq!(in_b.len(), 1);
+        assert_eq!(
+            store.copies_of(groups[0].0, &Filter::all()).unwrap().len(),
+            5
+        );
+        let all: Vec<u64> = store
+            .copies_of(groups[0].0, &Filter::all())
+            .unwrap()
+            .into_iter()
+            .map(|c| c.0)
+            .chain(groups[1..].iter().map(|g| g.0))
+            .collect();
+        let keys = store.copy_keys(&all).unwrap();
+        assert!(keys[..5].iter().all(|k| *k == keys[0]));
+        let distinct: HashSet<u64> = keys[4..].iter().copied().collect();
+        assert_eq!(distinct.len(), 10);
+        // A deleted copy is no longer one.
+        let gone = store.hits(vec![(copies[1].0, 0.0)]).unwrap()[0].memory.id;
+        store.delete(gone, DeletePolicy::Cascade).unwrap();
+        assert_eq!(store.copies_of(groups[0].0, &fa).unwrap().len(), 3);
+        let groups = store
+            .search_vector_groups(vectors[7].clone(), 1, &fa, None)
+            .unwrap();
+        assert_eq!(groups[0].2, 3);
+    }
+}
