@@ -848,7 +848,8 @@ fn read_ranked(
 /// is gone are skipped.
 fn read_chunk(inner: &Inner, chunk: &[(u64, f32)]) -> Result<Vec<(Hit, u64)>> {
     // `hits` hands back the score it is given: each row's position in the chunk, exact in
-    // an f32 (a chunk is far below 2^24), tells which id it is.
+    // an f32 below 2^24 (a chunk of recalled turns or of their copies is far smaller),
+    // tells which id it is.
     #[allow(clippy::cast_precision_loss)]
     let at: Vec<(u64, f32)> = chunk
         .iter()
@@ -1126,7 +1127,7 @@ fn assemble_with(
             if let Some(n) = lines.get(&line_key).copied() {
                 let (old, old_count) = &line_days[n];
                 let Err(at) = old.binary_search(&day) else {
-                    // (Not reached: the line's days are in `texts` with its words.)
+                    // A day the line names already (a copy it took when it was made).
                     return true;
                 };
                 let mut days = old.clone();
@@ -1171,9 +1172,9 @@ fn assemble_with(
             }
             let line = counter.count(&recalled_line(&m.content));
             let first = if recalled.is_empty() { block_header } else { 0 };
-            // The line with every day its text was said in the thread (its other copies, by
-            // the index), when it fits with them; else with its own day, as the copies that
-            // come up as candidates add theirs.
+            // The line with the other days its text was said in the thread (its copies, by
+            // the index): all when they fit, else the nearest; else its own day alone, and a
+            // copy that comes up as a candidate adds its day as above.
             let taken = match line_copies(
                 inner,
                 &turns_filter,
@@ -1215,9 +1216,10 @@ fn assemble_with(
             }
             used += cost;
             *groups.entry(days.clone()).or_default() += 1;
-            for d in &days {
-                texts.insert((*d, m.content.clone()));
-            }
+            // (The days of the copies it took are in `line_days`: a copy that comes up later
+            // is passed over there, and another speaker's same words on such a day are
+            // still their own line.)
+            texts.insert(said);
             line_days.push((days, count));
             lines.insert(line_key, recalled.len());
             let mut it = owned_item(m, Section::Recalled);
@@ -1246,14 +1248,10 @@ fn assemble_with(
         tokens: used,
         budget,
     };
-    if recount {
-        ctx.tokens = ctx
-            .to_messages()
-            .iter()
-            .map(|m| counter.count_message(&m.content))
-            .sum();
-    }
-    while !counter.newline_additive() {
+    // (A copy counted while packing and left out after, see `read_repeats`, can move its
+    // line under a header no other line pays for: the count is taken again and the last
+    // recalled turns dropped until it fits.)
+    while recount || !counter.newline_additive() {
         ctx.tokens = ctx
             .to_messages()
             .iter()
@@ -1272,27 +1270,39 @@ fn assemble_with(
     Ok(ctx)
 }
 
-/// The first [`MAX_TRIED`] of the ranked turns `ranked` (best first) that are distinct
-/// texts: a copy of a text ranked higher (the same words stored again, which hold the same
-/// vector) is left out, as its line will name its day (see [`line_copies`]).
+/// How many copies of one text (see [`distinct_texts`]) are tried: the best, and one more
+/// for when the best is passed over (the oldest recent turn, a turn hidden since it was
+/// ranked, words already in the context that day).
+const COPIES_TRIED: usize = 2;
+
+/// The ranked turns `ranked` (best first) to try, up to [`MAX_TRIED`] distinct texts: of
+/// the copies of a text (the same words stored again, which hold the same vector; told by
+/// [`MemoryBackend::copy_keys`]) only the best [`COPIES_TRIED`], as the line made from one
+/// names the days of the others (see [`line_copies`]). So a thread that repeats its texts
+/// does not spend its tries on the copies of a few.
 fn distinct_texts(
     inner: &Inner,
     ranked: impl Iterator<Item = (u64, f32)>,
 ) -> Result<Vec<(u64, f32)>> {
     let mut ranked = ranked.peekable();
-    let mut seen: HashSet<u64> = HashSet::new();
+    let mut tried: HashMap<u64, usize> = HashMap::new();
     let mut out = Vec::new();
-    while out.len() < MAX_TRIED && ranked.peek().is_some() {
-        let chunk: Vec<(u64, f32)> = ranked.by_ref().take(MAX_TRIED - out.len()).collect();
+    while tried.len() < MAX_TRIED && ranked.peek().is_some() {
+        let chunk: Vec<(u64, f32)> = ranked
+            .by_ref()
+            .take((MAX_TRIED - tried.len()).max(READ_CHUNK))
+            .collect();
         let ids: Vec<u64> = chunk.iter().map(|r| r.0).collect();
-        let keys = inner.store.copy_keys(&ids)?;
-        out.extend(
-            chunk
-                .into_iter()
-                .zip(keys)
-                .filter(|(_, key)| seen.insert(*key))
-                .map(|(r, _)| r),
-        );
+        for (r, key) in chunk.into_iter().zip(inner.store.copy_keys(&ids)?) {
+            if tried.len() == MAX_TRIED && !tried.contains_key(&key) {
+                break;
+            }
+            let n = tried.entry(key).or_default();
+            if *n < COPIES_TRIED {
+                *n += 1;
+                out.push(r);
+            }
+        }
     }
     Ok(out)
 }

@@ -230,8 +230,9 @@ pub trait MemoryBackend: Send + Sync {
             .collect())
     }
 
-    /// For each of `vids`, a key that exactly the memories holding the same vector share
-    /// (see [`Self::search_vector_groups`]). By default each memory's own id.
+    /// For each of `vids`, a key that memories holding the same vector share (see
+    /// [`Self::search_vector_groups`]; copies linked in parallel may have two). By default
+    /// each memory's own id.
     fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
         Ok(vids.to_vec())
     }

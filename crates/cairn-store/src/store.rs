@@ -1994,9 +1994,11 @@ impl Store {
             .collect())
     }
 
-    /// For each of `vids`, a key that exactly the memories holding the same vector share (the
-    /// same text stored again; see [`Self::search_vector_groups`]); a memory the index does
-    /// not hold (yet) has a key of its own.
+    /// For each of `vids`, a key that memories holding the same vector share (the same text
+    /// stored again; see [`Self::search_vector_groups`]); a memory the index does not hold
+    /// (yet) has a key of its own. Copies inserted in one batch are linked in parallel, and
+    /// two of them may then both enter the graph before either finds the other: such a pair
+    /// has two keys (and is two answers of [`Self::search_vector_groups`]).
     pub fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
         self.sync()?;
         let as_usize: Vec<usize> = vids.iter().map(|v| vid_usize_u64(*v)).collect();
@@ -2118,7 +2120,11 @@ impl Store {
             };
             let mut n = attrs.map.len();
             if let Some(key) = thread_key {
-                n = n.min(attrs.thread_count(key));
+                n = n.min(if filter.kinds.is_empty() {
+                    attrs.thread_count(key)
+                } else {
+                    attrs.thread_kinds_count(key, &filter.kinds)
+                });
             }
             if !filter.kinds.is_empty() {
                 n = n.min(attrs.kinds_count(&filter.kinds));
