@@ -1998,9 +1998,10 @@ impl Store {
     /// stored again; see [`Self::search_vector_groups`]); a memory the index does not hold
     /// (yet) has a key of its own. Copies inserted in one batch are linked in parallel, and
     /// two of them may then both enter the graph before either finds the other: such a pair
-    /// has two keys (and is two answers of [`Self::search_vector_groups`]).
+    /// has two keys (and is two answers of [`Self::search_vector_groups`]). Read from the
+    /// index as it is, without catching up with other processes' writes first (a search,
+    /// which does, comes before in the same operation: the ids are its answers).
     pub fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
-        self.sync()?;
         let as_usize: Vec<usize> = vids.iter().map(|v| vid_usize_u64(*v)).collect();
         Ok(self
             .inner
@@ -2016,10 +2017,10 @@ impl Store {
     /// The memories `filter` admits that hold the same vector as memory `vid` (the same
     /// text stored again), `vid` among them when admitted, as (index id, time), in id order;
     /// from the index, no row is read. Only the filter's thread, kinds, levels, time window
-    /// and visibility apply (not its metadata conditions).
+    /// and visibility apply (not its metadata conditions). Read from the index as it is, as
+    /// [`Self::copy_keys`] is.
     pub fn copies_of(&self, vid: u64, filter: &Filter) -> Result<Vec<(u64, DateTime<Utc>)>> {
         filter.validate()?;
-        self.sync()?;
         let shared = &self.inner.shared;
         let thread_key = match &filter.thread {
             Some(t) => match shared.index.attrs().thread_key(t.as_str()) {
