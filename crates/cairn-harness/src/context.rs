@@ -319,7 +319,6 @@ impl DaysCount {
     }
 
     /// The header of `days` (each once).
-    #[cfg(test)]
     fn of(counter: &dyn TokenCounter, days: &[NaiveDate]) -> Option<Self> {
         let (first, rest) = days.split_first()?;
         let mut count = Self::new(counter, *first);
@@ -1338,10 +1337,9 @@ fn line_copies(
         return Ok(None);
     }
     days.sort_unstable();
-    let mut count = DaysCount::new(counter, days[0]);
-    for d in &days[1..] {
-        count.add(counter, *d);
-    }
+    let Some(mut count) = DaysCount::of(counter, &days) else {
+        return Ok(None);
+    };
     if !fits(&days, &count) {
         // The nearest days first, while they fit (a header costs more with every day, but
         // for one shared with another line: the whole set was tried above).
