@@ -266,6 +266,56 @@ fn date_piece(d: NaiveDate) -> String {
     format!(" {}", d.format("%b %-d"))
 }
 
+/// The tokens of the pieces of headers that name days ([`day_header`], [`also_head`],
+/// [`date_piece`], [`year_piece`]), each counted once per call: one call folds the same
+/// few dozen days into many lines (a text said on 70 days names them all), and a date
+/// formatted and tokenized again for each costs more than the rest of the line's packing.
+struct DayTokens<'a> {
+    counter: &'a dyn TokenCounter,
+    /// Per day: its header alone, and [`also_head`].
+    firsts: FxHashMap<NaiveDate, (usize, usize)>,
+    dates: FxHashMap<NaiveDate, usize>,
+    years: FxHashMap<i32, usize>,
+}
+
+impl<'a> DayTokens<'a> {
+    fn new(counter: &'a dyn TokenCounter) -> Self {
+        Self {
+            counter,
+            firsts: FxHashMap::default(),
+            dates: FxHashMap::default(),
+            years: FxHashMap::default(),
+        }
+    }
+
+    /// The tokens of `day`'s header alone and of its [`also_head`].
+    fn first(&mut self, day: NaiveDate) -> (usize, usize) {
+        let c = self.counter;
+        *self
+            .firsts
+            .entry(day)
+            .or_insert_with(|| (c.count(&day_header(day)), c.count(&also_head(day))))
+    }
+
+    /// The tokens of `day`'s [`date_piece`].
+    fn date(&mut self, day: NaiveDate) -> usize {
+        let c = self.counter;
+        *self
+            .dates
+            .entry(day)
+            .or_insert_with(|| c.count(&date_piece(day)))
+    }
+
+    /// The tokens of `year`'s [`year_piece`].
+    fn year(&mut self, year: i32) -> usize {
+        let c = self.counter;
+        *self
+            .years
+            .entry(year)
+            .or_insert_with(|| c.count(&year_piece(year)))
+    }
+}
+
 /// The tokens of the pieces every header of several days has (see [`DaysCount`]).
 struct HeaderPieces {
     comma: usize,
@@ -307,11 +357,12 @@ struct DaysCount {
 
 impl DaysCount {
     /// The header of `day` alone.
-    fn new(counter: &dyn TokenCounter, day: NaiveDate) -> Self {
+    fn new(tokens: &mut DayTokens<'_>, day: NaiveDate) -> Self {
+        let (single, head) = tokens.first(day);
         Self {
             first: day,
-            single: counter.count(&day_header(day)),
-            head: counter.count(&also_head(day)),
+            single,
+            head,
             others: 0,
             dates: 0,
             years: Vec::new(),
@@ -319,34 +370,34 @@ impl DaysCount {
     }
 
     /// The header of `days` (each once).
-    fn of(counter: &dyn TokenCounter, days: &[NaiveDate]) -> Option<Self> {
+    fn of(tokens: &mut DayTokens<'_>, days: &[NaiveDate]) -> Option<Self> {
         let (first, rest) = days.split_first()?;
-        let mut count = Self::new(counter, *first);
+        let mut count = Self::new(tokens, *first);
         for d in rest {
-            count.add(counter, *d);
+            count.add(tokens, *d);
         }
         Some(count)
     }
 
     /// Adds `day`, one not in the header yet.
-    fn add(&mut self, counter: &dyn TokenCounter, day: NaiveDate) {
+    fn add(&mut self, tokens: &mut DayTokens<'_>, day: NaiveDate) {
         let other = if day < self.first {
             let was = self.first;
             *self = Self {
                 others: self.others,
                 dates: self.dates,
                 years: std::mem::take(&mut self.years),
-                ..Self::new(counter, day)
+                ..Self::new(tokens, day)
             };
             was
         } else {
             day
         };
         self.others += 1;
-        self.dates += counter.count(&date_piece(other));
+        self.dates += tokens.date(other);
         let y = other.year();
         if !self.years.iter().any(|(year, _)| *year == y) {
-            self.years.push((y, counter.count(&year_piece(y))));
+            self.years.push((y, tokens.year(y)));
         }
     }
 
@@ -795,6 +846,9 @@ fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>, what: &str) -> Result
 /// What [`read_ranked`]'s reader does, for its errors.
 const READING_RECALLED: &str = "reading the recalled turns";
 
+/// What [`read_repeats`]'s second reader does, for its errors.
+const READING_REPEATS: &str = "reading the recalled turns' copies";
+
 /// Reads the rows of the ranked turns `order` (best first) in chunks and hands them to
 /// `take` with their index ids, in that order, until it returns false; rows whose memory
 /// is gone are skipped. With more than one chunk, the next chunk's rows are read on another
@@ -1090,10 +1144,11 @@ fn assemble_with(
         // already recalled (see `ContextItem::repeats`), which moves the line under the
         // header of its new set of days: it costs that header when no other line has it
         // yet, and gives back its old one when it was that header's last line.
-        let mut texts: HashSet<(NaiveDate, String)> = recent
-            .iter()
-            .map(|i| (i.created_at.date_naive(), i.content.clone()))
-            .collect();
+        let mut texts = SaidOn::default();
+        for i in &recent {
+            texts.add(&i.content, i.created_at.date_naive());
+        }
+        let mut day_tokens = DayTokens::new(counter);
         // Each recalled text's item (by its words, role and speaker: the same words from
         // someone else are not folded).
         let mut lines: HashMap<(String, Option<Role>, Option<String>), usize> = HashMap::new();
@@ -1118,8 +1173,7 @@ fn assemble_with(
                 return true;
             }
             let day = m.created_at.date_naive();
-            let said = (day, m.content.clone());
-            if recent_ids.contains(&m.id) || texts.contains(&said) {
+            if recent_ids.contains(&m.id) || texts.has(&m.content, day) {
                 return true;
             }
             let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
@@ -1132,7 +1186,7 @@ fn assemble_with(
                 let mut days = old.clone();
                 days.insert(at, day);
                 let mut count = old_count.clone();
-                count.add(counter, day);
+                count.add(&mut day_tokens, day);
                 let freed = if groups.get(old) == Some(&1) {
                     old_count.tokens(&pieces)
                 } else {
@@ -1166,11 +1220,17 @@ fn assemble_with(
                     .repeats
                     .partition_point(|r| r.created_at <= repeat.created_at);
                 it.repeats.insert(at, repeat);
-                texts.insert(said);
+                texts.add(&m.content, day);
                 return true;
             }
             let line = counter.count(&recalled_line(&m.content));
             let first = if recalled.is_empty() { block_header } else { 0 };
+            // (A header costs nothing or more: a line that does not fit without one does not
+            // fit, and its copies are not looked up. Near the end of the budget most turns
+            // tried are such.)
+            if used + line + first > budget {
+                return true;
+            }
             // The line with the other days its text was said in the thread (its copies, by
             // the index): all when they fit, else the nearest; else its own day alone, and a
             // copy that comes up as a candidate adds its day as above.
@@ -1180,6 +1240,7 @@ fn assemble_with(
                 vid,
                 &m,
                 &texts,
+                &mut day_tokens,
                 |days, count| {
                     let header = if groups.contains_key(days) {
                         0
@@ -1188,7 +1249,6 @@ fn assemble_with(
                     };
                     used + line + first + header <= budget
                 },
-                counter,
             ) {
                 Ok(r) => r,
                 Err(e) => {
@@ -1202,7 +1262,7 @@ fn assemble_with(
                 copies,
             } = taken.unwrap_or_else(|| LineDays {
                 days: vec![day],
-                count: DaysCount::new(counter, day),
+                count: DaysCount::new(&mut day_tokens, day),
                 copies: Vec::new(),
             });
             let mut cost = line + first;
@@ -1218,7 +1278,7 @@ fn assemble_with(
             // (The days of the copies it took are in `line_days`: a copy that comes up later
             // is passed over there, and another speaker's same words on such a day are
             // still their own line.)
-            texts.insert(said);
+            texts.add(&m.content, day);
             line_days.push((days, count));
             lines.insert(line_key, recalled.len());
             let mut it = owned_item(m, Section::Recalled);
@@ -1319,44 +1379,52 @@ fn line_copies(
     turns: &Filter,
     vid: u64,
     m: &MemoryUnit,
-    texts: &HashSet<(NaiveDate, String)>,
+    texts: &SaidOn,
+    tokens: &mut DayTokens<'_>,
     fits: impl Fn(&[NaiveDate], &DaysCount) -> bool,
-    counter: &dyn TokenCounter,
 ) -> Result<Option<LineDays>> {
     let day = m.created_at.date_naive();
+    let said = texts.days(&m.content);
     let mut others: Vec<(u64, DateTime<Utc>)> = Vec::new();
     let mut days: Vec<NaiveDate> = vec![day];
     for (v, at) in inner.store.copies_of(vid, turns)? {
         let d = at.date_naive();
-        if v != vid && !days.contains(&d) && !texts.contains(&(d, m.content.clone())) {
+        if v != vid && !said.contains(&d) {
             days.push(d);
             others.push((v, at));
         }
     }
+    // One copy a day.
+    days.sort_unstable();
+    days.dedup();
+    others.sort_by_key(|(v, at)| (at.date_naive(), *v));
+    others.dedup_by_key(|(_, at)| at.date_naive());
+    others.retain(|(_, at)| at.date_naive() != day);
     if others.is_empty() {
         return Ok(None);
     }
-    days.sort_unstable();
-    let Some(mut count) = DaysCount::of(counter, &days) else {
+    let Some(mut count) = DaysCount::of(tokens, &days) else {
         return Ok(None);
     };
     if !fits(&days, &count) {
         // The nearest days first, while they fit (a header costs more with every day, but
         // for one shared with another line: the whole set was tried above).
         others.sort_by_key(|(v, at)| ((*at - m.created_at).abs(), *v));
-        days = vec![day];
-        count = DaysCount::new(counter, day);
+        days.clear();
+        days.push(day);
+        count = DaysCount::new(tokens, day);
         let mut taken = 0;
         for (_, at) in &others {
             let d = at.date_naive();
-            let mut more = days.clone();
-            more.insert(more.partition_point(|x| *x < d), d);
+            let at = days.partition_point(|x| *x < d);
+            days.insert(at, d);
             let mut c = count.clone();
-            c.add(counter, d);
-            if !fits(&more, &c) {
+            c.add(tokens, d);
+            if !fits(&days, &c) {
+                days.remove(at);
                 break;
             }
-            (days, count) = (more, c);
+            count = c;
             taken += 1;
         }
         others.truncate(taken);
@@ -1369,6 +1437,37 @@ fn line_copies(
         count,
         copies: others.into_iter().map(|(v, _)| v).collect(),
     }))
+}
+
+/// The days each text is in the context on already (a recent turn's, a recalled line's):
+/// its words said again on such a day say nothing new.
+#[derive(Default)]
+struct SaidOn(HashMap<String, Vec<NaiveDate>>);
+
+impl SaidOn {
+    /// The days `text` is in the context on.
+    fn days(&self, text: &str) -> &[NaiveDate] {
+        self.0.get(text).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether `text` is in the context on `day`.
+    fn has(&self, text: &str, day: NaiveDate) -> bool {
+        self.days(text).contains(&day)
+    }
+
+    /// Notes `text` as in the context on `day`.
+    fn add(&mut self, text: &str, day: NaiveDate) {
+        match self.0.get_mut(text) {
+            Some(days) => {
+                if !days.contains(&day) {
+                    days.push(day);
+                }
+            }
+            None => {
+                self.0.insert(text.to_owned(), vec![day]);
+            }
+        }
+    }
 }
 
 /// A recalled line's days (oldest first), their header's count, and the index ids of the
@@ -1396,10 +1495,24 @@ fn read_repeats(
         return Ok(false);
     }
     let n = wanted.len();
-    let mut rows: HashMap<u64, MemoryUnit> = read_chunk(inner, &wanted)?
-        .into_iter()
-        .map(|(h, vid)| (vid, h.memory))
-        .collect();
+    // (A long thread that repeats its texts names hundreds of copies: their rows are read
+    // in two halves at once, on two connections.)
+    let read = if n < 2 * READ_CHUNK {
+        read_chunk(inner, &wanted)?
+    } else {
+        let (first, second) = wanted.split_at(n / 2);
+        std::thread::scope(|s| {
+            let other = spawn_named(s, "cairn-read-repeats", READING_REPEATS, || {
+                read_chunk(inner, first)
+            })?;
+            let second = read_chunk(inner, second);
+            let mut read = joined(other, READING_REPEATS)??;
+            read.append(&mut second?);
+            Ok::<_, HarnessError>(read)
+        })?
+    };
+    let mut rows: HashMap<u64, MemoryUnit> =
+        read.into_iter().map(|(h, vid)| (vid, h.memory)).collect();
     let now = inner.clock.now();
     let mut kept = 0;
     for (it, vids) in recalled.iter_mut().zip(copies) {
@@ -2105,13 +2218,16 @@ mod tests {
             crate::TiktokenCounter::o200k().unwrap(),
         ] {
             let pieces = HeaderPieces::new(&c);
+            // (One cache for every set: a day counted for one header is counted alike in
+            // the next.)
+            let mut t = DayTokens::new(&c);
             let mut sets: Vec<&[NaiveDate]> = (1..=days.len()).map(|n| &days[..n]).collect();
             sets.extend((0..days.len()).map(|n| &days[n..]));
             sets.push(&many);
             for set in sets {
                 let header = days_header(set);
                 let want = c.count(&header);
-                let count = DaysCount::of(&c, set).unwrap();
+                let count = DaysCount::of(&mut t, set).unwrap();
                 assert_eq!(count.tokens(&pieces), want, "{}: {header:?}", c.name());
                 // Newest first, and from the middle outwards: every step counted exactly.
                 for order in [
@@ -2129,8 +2245,8 @@ mod tests {
                         seen.push(d);
                         seen.sort_unstable();
                         match count.as_mut() {
-                            None => count = Some(DaysCount::new(&c, d)),
-                            Some(n) => n.add(&c, d),
+                            None => count = Some(DaysCount::new(&mut t, d)),
+                            Some(n) => n.add(&mut t, d),
                         }
                         let header = days_header(&seen);
                         assert_eq!(
@@ -2168,7 +2284,11 @@ mod tests {
         let c = crate::TiktokenCounter::cl100k().unwrap();
         let pieces = HeaderPieces::new(&c);
         let six: Vec<NaiveDate> = (1..=6).map(|m| day(2023, m, 10 + m)).collect();
-        let tokens = |days: &[NaiveDate]| DaysCount::of(&c, days).unwrap().tokens(&pieces);
+        let tokens = |days: &[NaiveDate]| {
+            DaysCount::of(&mut DayTokens::new(&c), days)
+                .unwrap()
+                .tokens(&pieces)
+        };
         assert_eq!(tokens(&six) - tokens(&six[..5]), 4);
     }
 

@@ -214,8 +214,11 @@ pub trait MemoryBackend: Send + Sync {
 
     /// [`Self::search_vector_ids`] with `k` counting distinct vectors: memories holding the
     /// same vector (the same text stored again) are one answer, as (the least index id among
-    /// them, similarity, how many of them `filter` admits), best first. By default each
-    /// memory is its own answer (a backend that does not tell copies apart).
+    /// them, similarity, how many of them `filter` admits), best first. The counts are
+    /// exact for the best answers until they add up to `k` (the `k` best memories, copies
+    /// counted), and for all when fewer than `k` answers are found; a later one may be a
+    /// lower bound. By default each memory is its own answer (a backend that does not tell
+    /// copies apart).
     fn search_vector_groups(
         &self,
         query: Vec<f32>,

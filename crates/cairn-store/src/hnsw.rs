@@ -248,6 +248,11 @@ pub struct Hnsw {
     /// Per node on a twin chain, the node the chain hangs on (its head, a linked node);
     /// [`NO_TWIN`] for a node that is not a twin.
     heads: Vec<AtomicU32>,
+    /// Per head of a twin chain, the node of the chain (the head among them) with the least
+    /// label; [`NO_TWIN`] for a node without twins. A search asked for the least admitted
+    /// label holding a vector looks there first: when that node is admitted, the chain
+    /// (70 copies of a text) need not be walked.
+    least: Vec<AtomicU32>,
     /// Whether any node has a twin (searches skip the chains otherwise).
     has_twins: AtomicBool,
     /// `level << 32 | node`, or [`EMPTY`].
@@ -289,6 +294,7 @@ impl Hnsw {
             locks: Vec::new(),
             twins: Vec::new(),
             heads: Vec::new(),
+            least: Vec::new(),
             has_twins: AtomicBool::new(false),
             entry: AtomicU64::new(EMPTY),
             entry_lock: Mutex::new(()),
@@ -358,6 +364,7 @@ impl Hnsw {
             self.links0.reserve_exact(extra * (self.m0 + 1));
             self.twins.reserve_exact(extra);
             self.heads.reserve_exact(extra);
+            self.least.reserve_exact(extra);
         }
         for (label, v) in items {
             let level = self.level_for(*label);
@@ -375,6 +382,7 @@ impl Hnsw {
             self.locks.push(Mutex::new(()));
             self.twins.push(AtomicU32::new(NO_TWIN));
             self.heads.push(AtomicU32::new(NO_TWIN));
+            self.least.push(AtomicU32::new(NO_TWIN));
         }
         Ok(start..end)
     }
@@ -529,11 +537,12 @@ impl Hnsw {
 
     /// Hangs unlinked node `q` on `node`'s twin chain.
     fn add_twin(&self, node: u32, q: u32) {
-        let (Some(guard), Some(head), Some(next), Some(hangs_on)) = (
+        let (Some(guard), Some(head), Some(next), Some(hangs_on), Some(least)) = (
             self.locks.get(node as usize),
             self.twins.get(node as usize),
             self.twins.get(q as usize),
             self.heads.get(q as usize),
+            self.least.get(node as usize),
         ) else {
             return;
         };
@@ -541,6 +550,12 @@ impl Hnsw {
         hangs_on.store(node, Mem::Release);
         next.store(head.load(Mem::Acquire), Mem::Release);
         head.store(q, Mem::Release);
+        let label = |n: u32| self.labels.get(n as usize).copied().unwrap_or(u64::MAX);
+        let was = match least.load(Mem::Acquire) {
+            NO_TWIN => node,
+            l => l,
+        };
+        least.store(if label(q) < label(was) { q } else { was }, Mem::Release);
         self.has_twins.store(true, Mem::Release);
     }
 
@@ -870,7 +885,10 @@ impl Hnsw {
     /// node whose label `admit` accepts, each as (the least admitted label holding it, its
     /// distance, how many admitted labels hold it), nearest first. Copies of one text (a
     /// node and its twins) are one answer, so 70 copies of the best match do not fill the
-    /// answer with one text.
+    /// answer with one text. The copies are counted for the nearest answers until `k` are
+    /// (so the `k` nearest labels, copies counted, are known), and for every answer when
+    /// fewer than `k` are found; a later answer's count may be a lower bound (1): counting
+    /// them all would walk each text's copies.
     pub fn search_groups(
         &self,
         query: &[f32],
@@ -899,34 +917,95 @@ impl Hnsw {
         admit: Option<&dyn Fn(u64) -> bool>,
     ) -> Vec<(u64, f32, usize)> {
         let approx = self.beam(q, ef, admit);
-        // As in `search_inner`, the f32 re-rank of the approximate top 3k.
+        // As in `search_inner`, the f32 re-rank of the approximate top 3k. The twins are
+        // walked nearest first, until k nodes with an admitted label are found and the next
+        // is farther than the last of them (every node of the beam holds one, its own or a
+        // twin's, see `search_layer`): a text stored 70 times would otherwise cost 70
+        // admission tests for each of 3k.
         let want = (3 * k).max(32);
-        let mut found: Vec<(Cand, u64, usize)> = Vec::with_capacity(want.min(approx.len()));
-        for c in approx.into_iter().take(want) {
-            let mut least: Option<u64> = None;
-            let mut n = 0usize;
-            for id in std::iter::once(c.id).chain(self.twins_of(c.id)) {
-                if self.label_admitted(id, admit) {
-                    if let Some(l) = self.labels.get(id as usize) {
-                        least = Some(least.map_or(*l, |x| x.min(*l)));
-                        n += 1;
-                    }
-                }
+        let mut near: Vec<Cand> = approx
+            .into_iter()
+            .take(want)
+            .map(|c| Cand {
+                d: self.dist(q, c.id),
+                id: c.id,
+            })
+            .collect();
+        near.sort_unstable_by(|a, b| a.d.total_cmp(&b.d));
+        // Copies are counted until k are (see `search_groups`); `exact` tells which answers'
+        // counts are.
+        let mut found: Vec<(Cand, u64, usize)> = Vec::with_capacity(k.min(near.len()));
+        let mut counted = 0usize;
+        let mut exact = 0usize;
+        for c in near {
+            if found.len() >= k && found.last().is_some_and(|f| f.0.d < c.d) {
+                break;
             }
-            if let Some(l) = least {
-                found.push((
-                    Cand {
-                        d: self.dist(q, c.id),
-                        id: c.id,
-                    },
-                    l,
-                    n,
-                ));
+            let answer = if counted < k {
+                self.admitted_copies(c.id, admit)
+            } else {
+                self.least_admitted(c.id, admit)
+            };
+            if let Some((l, n)) = answer {
+                if counted < k {
+                    counted += n;
+                    exact += 1;
+                }
+                found.push((c, l, n));
+            }
+        }
+        // Fewer than k answers: every admitted copy was reached, and all are counted (a
+        // caller tells from the sum whether the search missed any).
+        if found.len() < k {
+            for f in found.iter_mut().skip(exact) {
+                if let Some((l, n)) = self.admitted_copies(f.0.id, admit) {
+                    (f.1, f.2) = (l, n);
+                }
             }
         }
         found.sort_unstable_by(|a, b| a.0.d.total_cmp(&b.0.d).then(a.1.cmp(&b.1)));
         found.truncate(k);
         found.into_iter().map(|(c, l, n)| (l, c.d, n)).collect()
+    }
+
+    /// The least admitted label among `node` and its twins, and how many are admitted;
+    /// `None` when none is.
+    #[inline(always)]
+    fn admitted_copies(
+        &self,
+        node: u32,
+        admit: Option<&dyn Fn(u64) -> bool>,
+    ) -> Option<(u64, usize)> {
+        let mut least: Option<u64> = None;
+        let mut n = 0usize;
+        for id in std::iter::once(node).chain(self.twins_of(node)) {
+            if self.label_admitted(id, admit) {
+                if let Some(l) = self.labels.get(id as usize) {
+                    least = Some(least.map_or(*l, |x| x.min(*l)));
+                    n += 1;
+                }
+            }
+        }
+        least.map(|l| (l, n))
+    }
+
+    /// [`Self::admitted_copies`] for `node`, a node of the graph (a chain's head), with the
+    /// count left at 1 when the node of the chain with the least label is admitted (the
+    /// chain is then not walked).
+    #[inline(always)]
+    fn least_admitted(
+        &self,
+        node: u32,
+        admit: Option<&dyn Fn(u64) -> bool>,
+    ) -> Option<(u64, usize)> {
+        let min = match self.least.get(node as usize).map(|l| l.load(Mem::Acquire)) {
+            Some(l) if l != NO_TWIN => l,
+            _ => node,
+        };
+        if self.label_admitted(min, admit) {
+            return self.labels.get(min as usize).map(|l| (*l, 1));
+        }
+        self.admitted_copies(node, admit)
     }
 
     /// The layer-0 beam of a search for `q` (up to `ef` admitted nodes, a node admitted
@@ -1192,14 +1271,21 @@ impl Hnsw {
         for t in twins.iter().filter(|t| **t != NO_TWIN) {
             pointed[*t as usize] = true;
         }
+        let mut least = vec![NO_TWIN; n];
         for head in (0..n).filter(|h| !pointed[*h] && twins[*h] != NO_TWIN) {
             let mut t = twins[head];
+            let mut min = head as u32;
             while t != NO_TWIN {
                 heads[t as usize] = head as u32;
+                if g.labels[t as usize] < g.labels[min as usize] {
+                    min = t;
+                }
                 t = twins[t as usize];
             }
+            least[head] = min;
         }
         g.heads = heads.into_iter().map(AtomicU32::new).collect();
+        g.least = least.into_iter().map(AtomicU32::new).collect();
         g.twins = twins.into_iter().map(AtomicU32::new).collect();
         g.links0 = links0.into_iter().map(AtomicU32::new).collect();
         let mut rest = upper.as_slice();
@@ -1625,13 +1711,26 @@ mod tests {
         dim: usize,
         threads: usize,
     ) -> (Hnsw, Vec<Vec<f32>>) {
+        repeated_labelled(distinct, copies, dim, threads, |c, i| {
+            (c * distinct + i) as u64
+        })
+    }
+
+    /// [`repeated`] with copy `c` of vector `i` labelled `label(c, i)`.
+    fn repeated_labelled(
+        distinct: usize,
+        copies: usize,
+        dim: usize,
+        threads: usize,
+        label: impl Fn(usize, usize) -> u64 + Copy,
+    ) -> (Hnsw, Vec<Vec<f32>>) {
         let mut rng = StdRng::seed_from_u64(21);
         let data: Vec<Vec<f32>> = (0..distinct).map(|_| unit(&mut rng, dim)).collect();
         let items: Vec<(u64, &[f32])> = (0..copies)
             .flat_map(|c| {
                 data.iter()
                     .enumerate()
-                    .map(move |(i, v)| ((c * distinct + i) as u64, v.as_slice()))
+                    .map(move |(i, v)| (label(c, i), v.as_slice()))
             })
             .collect();
         let mut g = Hnsw::new(dim, HnswParams::default());
@@ -1718,11 +1817,21 @@ mod tests {
     #[test]
     fn copies_are_one_answer_and_known_by_key() {
         let (distinct, copies) = (100, 5);
-        // Copy `c` of vector `i` is label `c * distinct + i`.
+        // Copy `c` of vector `i` is label `c * distinct + i`, or, with `reversed`, label
+        // `(copies - 1 - c) * distinct + i`: then each vector's first copy (the node its
+        // twins hang on) has the greatest label, and the least is the last twin hung.
         let vector_of = |l: u64| l % distinct as u64;
-        // (One thread: parallel inserts of one vector may both link, see above.)
-        {
-            let (g, data) = repeated(distinct, copies, 16, 1);
+        let copy_labels = |i: u64| -> Vec<u64> {
+            (0..copies as u64)
+                .map(|c| c * distinct as u64 + i)
+                .collect()
+        };
+        for reversed in [false, true] {
+            // (One thread: parallel inserts of one vector may both link, see above.)
+            let (g, data) = repeated_labelled(distinct, copies, 16, 1, |c, i| {
+                let c = if reversed { copies - 1 - c } else { c };
+                (c * distinct + i) as u64
+            });
             let mut buf = Vec::new();
             g.write_to(&mut buf).unwrap();
             let h = Hnsw::read_from(&mut buf.as_slice(), 16, HnswParams::default()).unwrap();
@@ -1732,43 +1841,64 @@ mod tests {
                 for i in 0..distinct as u64 {
                     let key = graph.twin_key(i).unwrap();
                     assert!(keys.insert(key), "vector {i} has a key of its own");
-                    for c in 0..copies as u64 {
-                        let l = c * distinct as u64 + i;
+                    for l in copy_labels(i) {
                         assert_eq!(graph.twin_key(l), Some(key));
                         let mut labels = graph.twin_labels(l);
                         labels.sort_unstable();
-                        let want: Vec<u64> = (0..copies as u64)
-                            .map(|c| c * distinct as u64 + i)
-                            .collect();
-                        assert_eq!(labels, want);
+                        assert_eq!(labels, copy_labels(i));
                     }
                 }
                 assert_eq!(graph.twin_key(u64::MAX), None);
                 assert!(graph.twin_labels(u64::MAX).is_empty());
+                let even = |l: u64| l % 2 == 0;
+                // (Leaves out some vectors' least label, so their chains are walked.)
+                let thirds = |l: u64| l % 3 != 0;
+                let not_first = |l: u64| l >= distinct as u64;
+                let few = |l: u64| vector_of(l) < 12 && l % 3 != 1;
+                type Admit<'a> = Option<&'a dyn Fn(u64) -> bool>;
+                let filters: [(&str, Admit<'_>); 5] = [
+                    ("none", None),
+                    ("even", Some(&even)),
+                    ("thirds", Some(&thirds)),
+                    ("not the first copy", Some(&not_first)),
+                    ("few", Some(&few)),
+                ];
                 let mut rng = StdRng::seed_from_u64(5);
                 for round in 0..10 {
                     let q = unit(&mut rng, 16);
-                    let even = |l: u64| l % 2 == 0;
-                    let admit: Option<&dyn Fn(u64) -> bool> =
-                        if round % 2 == 0 { Some(&even) } else { None };
-                    let groups = graph.search_groups(&q, 30, 64, admit);
-                    assert_eq!(groups.len(), 30, "round {round}: 30 distinct vectors");
-                    assert!(groups.windows(2).all(|w| w[0].1 <= w[1].1));
-                    let vectors: HashSet<u64> = groups.iter().map(|g| vector_of(g.0)).collect();
-                    assert_eq!(vectors.len(), 30, "round {round}: each vector once");
-                    for (label, d, n) in &groups {
-                        let admitted: Vec<u64> = (0..copies as u64)
-                            .map(|c| c * distinct as u64 + vector_of(*label))
-                            .filter(|l| admit.is_none_or(|f| f(*l)))
-                            .collect();
-                        assert_eq!(*n, admitted.len());
-                        assert_eq!(Some(label), admitted.iter().min());
-                        let v = &data[vector_of(*label) as usize];
-                        assert!((d - (1.0 - dot(&q, v))).abs() < 1e-6);
+                    for (name, admit) in filters {
+                        let k = 30;
+                        let groups = graph.search_groups(&q, k, 64, admit);
+                        let holding = (0..distinct as u64)
+                            .filter(|i| copy_labels(*i).iter().any(|l| admit.is_none_or(|f| f(*l))))
+                            .count();
+                        let at = format!("reversed {reversed}, round {round}, {name}");
+                        assert_eq!(groups.len(), k.min(holding), "{at}: distinct vectors");
+                        assert!(groups.windows(2).all(|w| w[0].1 <= w[1].1));
+                        let vectors: HashSet<u64> = groups.iter().map(|g| vector_of(g.0)).collect();
+                        assert_eq!(vectors.len(), groups.len(), "{at}: each vector once");
+                        // Counted exactly until k copies are, and all when fewer than k
+                        // answers; a lower bound after.
+                        let mut counted = 0;
+                        for (label, d, n) in &groups {
+                            let admitted: Vec<u64> = copy_labels(vector_of(*label))
+                                .into_iter()
+                                .filter(|l| admit.is_none_or(|f| f(*l)))
+                                .collect();
+                            if counted < k || groups.len() < k {
+                                assert_eq!(*n, admitted.len(), "{at}");
+                            } else {
+                                assert!((1..=admitted.len()).contains(n), "{at}");
+                            }
+                            counted += n;
+                            assert_eq!(Some(label), admitted.iter().min(), "{at}");
+                            let v = &data[vector_of(*label) as usize];
+                            assert!((d - (1.0 - dot(&q, v))).abs() < 1e-6);
+                        }
+                        // The nearest vectors, as the plain search ranks their copies.
+                        let first = graph.search(&q, copies, 64, admit);
+                        assert_eq!(vector_of(first[0].0), vector_of(groups[0].0), "{at}");
                     }
-                    // The nearest vectors, as the plain search ranks their copies.
-                    let first = graph.search(&q, copies, 64, admit);
-                    assert_eq!(vector_of(first[0].0), vector_of(groups[0].0));
                 }
             }
         }

@@ -370,7 +370,8 @@ impl VectorIndex {
 
     /// [`Self::search`] with `k` counting distinct vectors (see [`Hnsw::search_groups`]): the
     /// `k` nearest vectors that live entries admitted by `admit` hold, each as (the least
-    /// such vid, similarity, how many such entries hold it), best first.
+    /// such vid, similarity, how many such entries hold it: counted as [`Hnsw::search_groups`]
+    /// counts), best first.
     pub fn search_groups(
         &self,
         query: &[f32],

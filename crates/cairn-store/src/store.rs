@@ -1945,9 +1945,12 @@ impl Store {
     /// [`Self::search_vector_ids`] with `k` counting distinct vectors: memories that hold the
     /// same vector (the same text stored again: it embeds bit for bit alike) are one answer,
     /// as (the least index id among them, similarity, how many of them `filter` admits),
-    /// best first. So a text stored 70 times is one of the `k`, not 70 of them. Where the
-    /// admitted memories are few enough to be scored exactly, copies are told by the graph
-    /// the same way (a memory the graph does not hold yet is its own answer).
+    /// best first. So a text stored 70 times is one of the `k`, not 70 of them. The counts
+    /// are exact for the best answers until they add up to `k` (the `k` best memories,
+    /// copies counted), and for all when fewer than `k` answers are found; a later answer's
+    /// may be a lower bound (1: its copies are not all walked). Where the admitted memories
+    /// are few enough to be scored exactly, copies are told by the graph the same way (a
+    /// memory the graph does not hold yet is its own answer).
     pub fn search_vector_groups(
         &self,
         query: Vec<f32>,
