@@ -917,11 +917,13 @@ impl Hnsw {
         admit: Option<&dyn Fn(u64) -> bool>,
     ) -> Vec<(u64, f32, usize)> {
         let approx = self.beam(q, ef, admit);
-        // As in `search_inner`, the f32 re-rank of the approximate top 3k. The twins are
-        // walked nearest first, until k nodes with an admitted label are found and the next
-        // is farther than the last of them (every node of the beam holds one, its own or a
-        // twin's, see `search_layer`): a text stored 70 times would otherwise cost 70
-        // admission tests for each of 3k.
+        // As in `search_inner`, the f32 re-rank of the approximate top 3k. The nodes are
+        // taken nearest first until k answers are found and the next node is farther than
+        // the last of them (every node of the beam holds an admitted label, its own or a
+        // twin's, see `search_layer`). Their copies are counted until k are (see
+        // `search_groups`), and for any answer as near as the one that reached k (the final
+        // order breaks ties by label); the later ones are not walked: a text stored 70 times
+        // would otherwise cost 70 admission tests for each of 3k.
         let want = (3 * k).max(32);
         let mut near: Vec<Cand> = approx
             .into_iter()
@@ -932,24 +934,29 @@ impl Hnsw {
             })
             .collect();
         near.sort_unstable_by(|a, b| a.d.total_cmp(&b.d));
-        // Copies are counted until k are (see `search_groups`); `exact` tells which answers'
-        // counts are.
         let mut found: Vec<(Cand, u64, usize)> = Vec::with_capacity(k.min(near.len()));
         let mut counted = 0usize;
+        // The answers counted exactly (the first ones), and the distance at which the count
+        // reached k.
         let mut exact = 0usize;
+        let mut reached: Option<f32> = None;
         for c in near {
             if found.len() >= k && found.last().is_some_and(|f| f.0.d < c.d) {
                 break;
             }
-            let answer = if counted < k {
+            let count = reached.is_none_or(|d| c.d <= d);
+            let answer = if count {
                 self.admitted_copies(c.id, admit)
             } else {
                 self.least_admitted(c.id, admit)
             };
             if let Some((l, n)) = answer {
-                if counted < k {
+                if count {
                     counted += n;
                     exact += 1;
+                    if counted >= k && reached.is_none() {
+                        reached = Some(c.d);
+                    }
                 }
                 found.push((c, l, n));
             }
@@ -1901,6 +1908,42 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn copies_are_counted_for_every_answer_as_near_as_the_kth_copy() {
+        // The query's own vector (three copies), then two vectors at exactly the same
+        // distance (two copies each), then vectors far off. Asked for four: the count
+        // reaches four within the tie, and both tied answers are counted, whichever label
+        // the final order puts first.
+        let dim = 16;
+        let axis =
+            |j: usize| -> Vec<f32> { (0..dim).map(|i| f32::from(u8::from(i == j))).collect() };
+        let q = axis(0);
+        let mut a = vec![0.0; dim];
+        (a[0], a[1]) = (0.8, 0.6);
+        let mut b = vec![0.0; dim];
+        (b[0], b[1]) = (0.8, -0.6);
+        let far: Vec<Vec<f32>> = (2..dim).map(axis).collect();
+        for (la, lb) in [([200, 201], [10, 11]), ([10, 11], [200, 201])] {
+            let mut items: Vec<(u64, &[f32])> = vec![(100, &q), (101, &q), (102, &q)];
+            items.extend(la.iter().map(|l| (*l, a.as_slice())));
+            items.extend(lb.iter().map(|l| (*l, b.as_slice())));
+            items.extend(
+                far.iter()
+                    .enumerate()
+                    .map(|(j, v)| (300 + j as u64, v.as_slice())),
+            );
+            let mut g = Hnsw::new(dim, HnswParams::default());
+            g.insert(&items, 1).unwrap();
+            let groups = g.search_groups(&q, 4, 64, None);
+            assert_eq!(groups.len(), 4);
+            assert_eq!((groups[0].0, groups[0].2), (100, 3));
+            assert_eq!(groups[1].1, groups[2].1, "the tie");
+            assert_eq!((groups[1].0, groups[1].2), (10, 2), "{groups:?}");
+            assert_eq!((groups[2].0, groups[2].2), (200, 2), "{groups:?}");
+            assert!(groups[3].0 >= 300);
         }
     }
 
