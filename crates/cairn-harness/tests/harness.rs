@@ -972,10 +972,56 @@ impl Embedder for Broken {
 /// When the query's embedding fails, `assemble_context` returns the embedder's error on the
 /// exhaustive path and on the bounded one, where the keyword ranking runs on a thread of
 /// its own and waits for the vector: it is told there is none, and nothing hangs. The same
-/// thread answers the next query. The calls run on a thread with a deadline, so a
-/// regression that hangs fails this test instead of stalling the suite.
+/// thread answers the next query.
 #[test]
 fn a_failing_query_embedding_is_a_typed_error_on_both_recall_paths() {
+    within_deadline(failing_query_embedding_calls);
+}
+
+/// When the keyword index cannot be read (here: dropped under the open store),
+/// `assemble_context` returns the store's error on the exhaustive path and on the bounded
+/// one, where the keyword rankings run on a thread of their own beside the vector lane:
+/// its error reaches the caller, and nothing hangs.
+#[test]
+fn a_failing_keyword_index_is_a_typed_error_on_both_recall_paths() {
+    within_deadline(failing_keyword_index_calls);
+}
+
+async fn failing_keyword_index_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let t = ThreadId::new("t").unwrap();
+    let turns: Vec<NewMemory> = (0..200)
+        .map(|i| NewMemory::conversational(t.clone(), Role::User, format!("turn {i} about fish")))
+        .collect();
+    mem.add_many(turns).await.unwrap();
+    let options = |bounded_above| cairn_harness::ContextOptions {
+        bounded_above,
+        ..cairn_harness::ContextOptions::default()
+    };
+    for bounded_above in [0, usize::MAX] {
+        mem.assemble_context_with("t", "fish?", 500, options(bounded_above))
+            .await
+            .unwrap();
+    }
+    rusqlite::Connection::open(dir.path().join("h.db"))
+        .unwrap()
+        .execute_batch("DROP TABLE memories_fts")
+        .unwrap();
+    for bounded_above in [0, usize::MAX] {
+        let r = mem
+            .assemble_context_with("t", "fish?", 500, options(bounded_above))
+            .await;
+        assert!(
+            matches!(r, Err(HarnessError::Store(_))),
+            "bounded_above {bounded_above}: {r:?}"
+        );
+    }
+}
+
+/// Runs the calls `calls` makes on a thread with a deadline, so a regression that hangs
+/// fails the test instead of stalling the suite.
+fn within_deadline<F: std::future::Future<Output = ()> + 'static>(calls: fn() -> F) {
     let (done, finished) = std::sync::mpsc::channel();
     let calls = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -983,7 +1029,7 @@ fn a_failing_query_embedding_is_a_typed_error_on_both_recall_paths() {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(failing_query_embedding_calls());
+        rt.block_on(calls());
         let _ = done.send(());
     });
     match finished.recv_timeout(std::time::Duration::from_secs(120)) {
