@@ -1385,24 +1385,20 @@ fn line_copies(
 ) -> Result<Option<LineDays>> {
     let day = m.created_at.date_naive();
     let said = texts.days(&m.content);
-    let mut others: Vec<(u64, DateTime<Utc>)> = Vec::new();
-    let mut days: Vec<NaiveDate> = vec![day];
-    for (v, at) in inner.store.copies_of(vid, turns)? {
-        let d = at.date_naive();
-        if v != vid && !said.contains(&d) {
-            days.push(d);
-            others.push((v, at));
-        }
-    }
-    // One copy a day.
-    days.sort_unstable();
-    days.dedup();
+    // One copy a day (the least id), on the days other than the line's own.
+    let mut others: Vec<(u64, DateTime<Utc>)> = inner
+        .store
+        .copies_of(vid, turns)?
+        .into_iter()
+        .filter(|(v, at)| *v != vid && at.date_naive() != day && !said.contains(&at.date_naive()))
+        .collect();
     others.sort_by_key(|(v, at)| (at.date_naive(), *v));
     others.dedup_by_key(|(_, at)| at.date_naive());
-    others.retain(|(_, at)| at.date_naive() != day);
     if others.is_empty() {
         return Ok(None);
     }
+    let mut days: Vec<NaiveDate> = others.iter().map(|(_, at)| at.date_naive()).collect();
+    days.insert(days.partition_point(|d| *d < day), day);
     let Some(mut count) = DaysCount::of(tokens, &days) else {
         return Ok(None);
     };
@@ -1496,21 +1492,14 @@ fn read_repeats(
     }
     let n = wanted.len();
     // (A long thread that repeats its texts names hundreds of copies: their rows are read
-    // in two halves at once, on two connections.)
-    let read = if n < 2 * READ_CHUNK {
-        read_chunk(inner, &wanted)?
-    } else {
-        let (first, second) = wanted.split_at(n / 2);
-        std::thread::scope(|s| {
-            let other = spawn_named(s, "cairn-read-repeats", READING_REPEATS, || {
-                read_chunk(inner, first)
-            })?;
-            let second = read_chunk(inner, second);
-            let mut read = joined(other, READING_REPEATS)??;
-            read.append(&mut second?);
-            Ok::<_, HarnessError>(read)
-        })?
-    };
+    // in two halves at once.)
+    let read = in_halves(
+        &wanted,
+        2 * READ_CHUNK,
+        "cairn-read-repeats",
+        READING_REPEATS,
+        |c| read_chunk(inner, c),
+    )?;
     let mut rows: HashMap<u64, MemoryUnit> =
         read.into_iter().map(|(h, vid)| (vid, h.memory)).collect();
     let now = inner.clock.now();
@@ -1817,15 +1806,33 @@ fn stretches_around(
     f: &Filter,
     times: &[DateTime<Utc>],
 ) -> Result<Vec<Vec<TimelineEntry>>> {
-    let around = |t: &[DateTime<Utc>]| store.timeline_around(f, t, NEIGHBOURS, NEIGHBOURS + 1);
-    if times.len() < AROUND_SPLIT {
-        return Ok(around(times)?);
+    in_halves(
+        times,
+        AROUND_SPLIT,
+        "cairn-read-around",
+        READING_STRETCHES,
+        |t| Ok(store.timeline_around(f, t, NEIGHBOURS, NEIGHBOURS + 1)?),
+    )
+}
+
+/// `read` of `items`, at once when they are fewer than `split`, else in two halves at once:
+/// the second half on a thread of its own (`name`; `what` it does, for its errors), each
+/// through a pooled connection of its own. The results in the items' order.
+fn in_halves<T: Sync, R: Send>(
+    items: &[T],
+    split: usize,
+    name: &str,
+    what: &str,
+    read: impl Fn(&[T]) -> Result<Vec<R>> + Sync,
+) -> Result<Vec<R>> {
+    if items.len() < split {
+        return read(items);
     }
-    let (first, second) = times.split_at(times.len() / 2);
+    let (first, second) = items.split_at(items.len() / 2);
     std::thread::scope(|s| {
-        let other = spawn_named(s, "cairn-read-around", READING_STRETCHES, || around(second))?;
-        let first = around(first);
-        let rest = joined(other, READING_STRETCHES)?;
+        let other = spawn_named(s, name, what, || read(second))?;
+        let first = read(first);
+        let rest = joined(other, what)?;
         let mut out = first?;
         out.extend(rest?);
         Ok(out)
