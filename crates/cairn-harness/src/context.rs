@@ -1162,135 +1162,146 @@ fn assemble_with(
         let mut failed: Option<HarnessError> = None;
         // Per recalled line, the copies of its text it names the days of (read after).
         let mut line_copies_taken: Vec<Vec<u64>> = Vec::new();
-        read_ranked(inner, &order, |hit, vid| {
-            if budget.saturating_sub(used) < MIN_LINE_TOKENS {
-                return false;
-            }
-            let m = hit.memory;
-            // (Turns reached through summaries on a long thread are read by id: one that
-            // expired or was superseded since is left out here.)
-            if hidden(&m, inner.clock.now()) {
-                return true;
-            }
-            let day = m.created_at.date_naive();
-            if recent_ids.contains(&m.id) || texts.has(&m.content, day) {
-                return true;
-            }
-            let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
-            if let Some(n) = lines.get(&line_key).copied() {
-                let (old, old_count) = &line_days[n];
-                let Err(at) = old.binary_search(&day) else {
-                    // A day the line names already (a copy it took when it was made).
-                    return true;
-                };
-                let mut days = old.clone();
-                days.insert(at, day);
-                let mut count = old_count.clone();
-                count.add(&mut day_tokens, day);
-                let freed = if groups.get(old) == Some(&1) {
-                    old_count.tokens(&pieces)
-                } else {
-                    0
-                };
-                let added = if groups.contains_key(&days) {
-                    0
-                } else {
-                    count.tokens(&pieces)
-                };
-                // (`used` holds the old header's tokens when they are freed.)
-                if used + added - freed > budget {
+        // (The rows of the copies each line takes are read on another thread as the lines
+        // are made, see `reading_copies`.)
+        let ((), copy_rows) = reading_copies(inner, |copies_wanted| {
+            read_ranked(inner, &order, |hit, vid| {
+                if budget.saturating_sub(used) < MIN_LINE_TOKENS {
+                    return false;
+                }
+                let m = hit.memory;
+                // (Turns reached through summaries on a long thread are read by id: one that
+                // expired or was superseded since is left out here.)
+                if hidden(&m, inner.clock.now()) {
                     return true;
                 }
-                used = used + added - freed;
-                if let Some(c) = groups.get_mut(old) {
-                    *c -= 1;
-                    if *c == 0 {
-                        groups.remove(old);
-                    }
+                let day = m.created_at.date_naive();
+                if recent_ids.contains(&m.id) || texts.has(&m.content, day) {
+                    return true;
                 }
-                *groups.entry(days.clone()).or_default() += 1;
-                line_days[n] = (days, count);
-                let it = &mut recalled[n];
-                let repeat = Repeat {
-                    id: m.id,
-                    created_at: m.created_at,
-                    metadata: m.metadata,
-                };
-                let at = it
-                    .repeats
-                    .partition_point(|r| r.created_at <= repeat.created_at);
-                it.repeats.insert(at, repeat);
-                texts.add(&m.content, day);
-                return true;
-            }
-            let line = counter.count(&recalled_line(&m.content));
-            let first = if recalled.is_empty() { block_header } else { 0 };
-            // (A header costs nothing or more: a line that does not fit without one does not
-            // fit, and its copies are not looked up. Near the end of the budget most turns
-            // tried are such.)
-            if used + line + first > budget {
-                return true;
-            }
-            // The line with the other days its text was said in the thread (its copies, by
-            // the index): all when they fit, else the nearest; else its own day alone, and a
-            // copy that comes up as a candidate adds its day as above.
-            let taken = match line_copies(
-                inner,
-                &turns_filter,
-                vid,
-                &m,
-                &texts,
-                &mut day_tokens,
-                |days, count| {
-                    let header = if groups.contains_key(days) {
+                let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
+                if let Some(n) = lines.get(&line_key).copied() {
+                    let (old, old_count) = &line_days[n];
+                    let Err(at) = old.binary_search(&day) else {
+                        // A day the line names already (a copy it took when it was made).
+                        return true;
+                    };
+                    let mut days = old.clone();
+                    days.insert(at, day);
+                    let mut count = old_count.clone();
+                    count.add(&mut day_tokens, day);
+                    let freed = if groups.get(old) == Some(&1) {
+                        old_count.tokens(&pieces)
+                    } else {
+                        0
+                    };
+                    let added = if groups.contains_key(&days) {
                         0
                     } else {
                         count.tokens(&pieces)
                     };
-                    used + line + first + header <= budget
-                },
-            ) {
-                Ok(r) => r,
-                Err(e) => {
-                    failed = Some(e);
-                    return false;
+                    // (`used` holds the old header's tokens when they are freed.)
+                    if used + added - freed > budget {
+                        return true;
+                    }
+                    used = used + added - freed;
+                    if let Some(c) = groups.get_mut(old) {
+                        *c -= 1;
+                        if *c == 0 {
+                            groups.remove(old);
+                        }
+                    }
+                    *groups.entry(days.clone()).or_default() += 1;
+                    line_days[n] = (days, count);
+                    let it = &mut recalled[n];
+                    let repeat = Repeat {
+                        id: m.id,
+                        created_at: m.created_at,
+                        metadata: m.metadata,
+                    };
+                    let at = it
+                        .repeats
+                        .partition_point(|r| r.created_at <= repeat.created_at);
+                    it.repeats.insert(at, repeat);
+                    texts.add(&m.content, day);
+                    return true;
                 }
-            };
-            let LineDays {
-                days,
-                count,
-                copies,
-            } = taken.unwrap_or_else(|| LineDays {
-                days: vec![day],
-                count: DaysCount::new(&mut day_tokens, day),
-                copies: Vec::new(),
-            });
-            let mut cost = line + first;
-            if !groups.contains_key(&days) {
-                cost += count.tokens(&pieces);
-            }
-            // (Turns only, none of them recent: none is in the context yet.)
-            if used + cost > budget {
-                return true;
-            }
-            used += cost;
-            *groups.entry(days.clone()).or_default() += 1;
-            // (The days of the copies it took are in `line_days`: a copy that comes up later
-            // is passed over there, and another speaker's same words on such a day are
-            // still their own line.)
-            texts.add(&m.content, day);
-            line_days.push((days, count));
-            lines.insert(line_key, recalled.len());
-            let mut it = owned_item(m, Section::Recalled);
-            it.tokens = cost;
-            recalled.push(it);
-            line_copies_taken.push(copies);
-            true
+                let line = counter.count(&recalled_line(&m.content));
+                let first = if recalled.is_empty() { block_header } else { 0 };
+                // (A header costs nothing or more: a line that does not fit without one does not
+                // fit, and its copies are not looked up. Near the end of the budget most turns
+                // tried are such.)
+                if used + line + first > budget {
+                    return true;
+                }
+                // The line with the other days its text was said in the thread (its copies, by
+                // the index): all when they fit, else the nearest; else its own day alone, and a
+                // copy that comes up as a candidate adds its day as above.
+                let taken = match line_copies(
+                    inner,
+                    &turns_filter,
+                    vid,
+                    &m,
+                    &texts,
+                    &mut day_tokens,
+                    |days, count| {
+                        let header = if groups.contains_key(days) {
+                            0
+                        } else {
+                            count.tokens(&pieces)
+                        };
+                        used + line + first + header <= budget
+                    },
+                ) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        failed = Some(e);
+                        return false;
+                    }
+                };
+                let LineDays {
+                    days,
+                    count,
+                    copies,
+                } = taken.unwrap_or_else(|| LineDays {
+                    days: vec![day],
+                    count: DaysCount::new(&mut day_tokens, day),
+                    copies: Vec::new(),
+                });
+                let mut cost = line + first;
+                if !groups.contains_key(&days) {
+                    cost += count.tokens(&pieces);
+                }
+                // (Turns only, none of them recent: none is in the context yet.)
+                if used + cost > budget {
+                    return true;
+                }
+                used += cost;
+                *groups.entry(days.clone()).or_default() += 1;
+                // (The days of the copies it took are in `line_days`: a copy that comes up later
+                // is passed over there, and another speaker's same words on such a day are
+                // still their own line.)
+                texts.add(&m.content, day);
+                line_days.push((days, count));
+                lines.insert(line_key, recalled.len());
+                let mut it = owned_item(m, Section::Recalled);
+                it.tokens = cost;
+                recalled.push(it);
+                copies_wanted.read(&copies);
+                line_copies_taken.push(copies);
+                true
+            })
         })?;
         if let Some(e) = failed {
             return Err(e);
         }
-        recount = read_repeats(inner, &mut recalled, &line_copies_taken, &recent_ids)?;
+        recount = read_repeats(
+            inner,
+            &mut recalled,
+            &line_copies_taken,
+            copy_rows,
+            &recent_ids,
+        );
         recalled.sort_by_key(|i| i.created_at);
     }
 
@@ -1474,34 +1485,94 @@ struct LineDays {
     copies: Vec<u64>,
 }
 
-/// Reads the rows of the copies each recalled line took (`copies`: per line of `recalled`,
-/// their index ids) in one batch and makes them the lines' repeats, oldest first. A copy
-/// must be the same words from the same speaker (the same role and metadata `speaker`),
-/// and neither a recent turn nor hidden: another speaker's same words (they embed alike
-/// when the speaker is not in the text) or a turn superseded since the index was read are
-/// left out. Returns whether one was (the line then names fewer days than were counted).
+/// Where the lines being packed send the copies whose rows are wanted (see
+/// [`reading_copies`]).
+struct CopiesWanted(std::sync::mpsc::Sender<Vec<u64>>);
+
+impl CopiesWanted {
+    /// Asks for the rows of `vids` (index ids).
+    fn read(&self, vids: &[u64]) {
+        if !vids.is_empty() {
+            // (A reader that stopped has failed: its error is returned when it is joined.)
+            let _ = self.0.send(vids.to_vec());
+        }
+    }
+}
+
+/// Runs `pack` while another thread reads the rows of the copies `pack` asks for (the
+/// copies each recalled line names the days of), as it asks: on a long thread that repeats
+/// its texts a call names hundreds of copies, and their rows, read after the packing, took
+/// as long as it. What is still unread when `pack` is done is read then, in two halves at
+/// once. Returns `pack`'s result and the rows by index id (rows whose memory is gone are
+/// left out); when `pack` fails, its error, and the rows not yet read are not read.
+fn reading_copies<R>(
+    inner: &Inner,
+    pack: impl FnOnce(&CopiesWanted) -> Result<R>,
+) -> Result<(R, HashMap<u64, MemoryUnit>)> {
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (send, take) = std::sync::mpsc::channel::<Vec<u64>>();
+        let failed = &failed;
+        let reader = spawn_named(
+            s,
+            "cairn-read-repeats",
+            READING_REPEATS,
+            move || -> Result<HashMap<u64, MemoryUnit>> {
+                let mut rows: HashMap<u64, MemoryUnit> = HashMap::new();
+                let mut wanted: Vec<(u64, f32)> = Vec::new();
+                // While the packing goes on, a chunk at a time.
+                while let Ok(vids) = take.recv() {
+                    wanted.extend(vids.into_iter().map(|v| (v, 0.0)));
+                    if wanted.len() >= READ_CHUNK {
+                        rows.extend(
+                            read_chunk(inner, &wanted)?
+                                .into_iter()
+                                .map(|(h, v)| (v, h.memory)),
+                        );
+                        wanted.clear();
+                    }
+                }
+                if failed.load(std::sync::atomic::Ordering::Acquire) {
+                    return Ok(rows);
+                }
+                // (The channel is closed: the packing is done.)
+                let rest = in_halves(
+                    &wanted,
+                    2 * READ_CHUNK,
+                    "cairn-read-repeats",
+                    READING_REPEATS,
+                    |c| read_chunk(inner, c),
+                )?;
+                rows.extend(rest.into_iter().map(|(h, v)| (v, h.memory)));
+                Ok(rows)
+            },
+        )?;
+        let packed = pack(&CopiesWanted(send));
+        if packed.is_err() {
+            failed.store(true, std::sync::atomic::Ordering::Release);
+        }
+        // (`pack` has dropped the sender: the reader reads what is left and returns.)
+        let rows = joined(reader, READING_REPEATS);
+        let packed = packed?;
+        Ok((packed, rows??))
+    })
+}
+
+/// Makes the rows `rows` (by index id) of the copies each recalled line took (`copies`: per
+/// line of `recalled`, their index ids) the lines' repeats, oldest first. A copy must be
+/// the same words from the same speaker (the same role and metadata `speaker`), and neither
+/// a recent turn nor hidden: another speaker's same words (they embed alike when the
+/// speaker is not in the text) or a turn superseded since the index was read are left out,
+/// as is a copy whose row is gone. Returns whether one was (the line then names fewer days
+/// than were counted).
 fn read_repeats(
     inner: &Inner,
     recalled: &mut [ContextItem],
     copies: &[Vec<u64>],
+    mut rows: HashMap<u64, MemoryUnit>,
     recent: &HashSet<MemoryId>,
-) -> Result<bool> {
-    let wanted: Vec<(u64, f32)> = copies.iter().flatten().map(|v| (*v, 0.0)).collect();
-    if wanted.is_empty() {
-        return Ok(false);
-    }
-    let n = wanted.len();
-    // (A long thread that repeats its texts names hundreds of copies: their rows are read
-    // in two halves at once.)
-    let read = in_halves(
-        &wanted,
-        2 * READ_CHUNK,
-        "cairn-read-repeats",
-        READING_REPEATS,
-        |c| read_chunk(inner, c),
-    )?;
-    let mut rows: HashMap<u64, MemoryUnit> =
-        read.into_iter().map(|(h, vid)| (vid, h.memory)).collect();
+) -> bool {
+    let n: usize = copies.iter().map(Vec::len).sum();
     let now = inner.clock.now();
     let mut kept = 0;
     for (it, vids) in recalled.iter_mut().zip(copies) {
@@ -1525,7 +1596,7 @@ fn read_repeats(
         }
         it.repeats.sort_by_key(|r| r.created_at);
     }
-    Ok(kept < n)
+    kept < n
 }
 
 /// A turn ranked for recall: index id, score, time.
@@ -2178,6 +2249,32 @@ mod tests {
         })
         .expect("read");
         assert_eq!(taken, 5);
+        // Copies asked for while packing: a few at a time (some chunks read while it goes
+        // on), then more than two chunks at its end (read in halves), with ids that have no
+        // row; every row comes back by its own id, the missing ones are left out.
+        let missing = all.iter().map(|e| e.vid).max().unwrap_or(0) + 1;
+        let (early, late) = order.split_at(order.len() / 3);
+        let ((), rows) = reading_copies(inner, |wanted| {
+            for few in early.chunks(5) {
+                wanted.read(&few.iter().map(|(v, _)| *v).collect::<Vec<_>>());
+            }
+            wanted.read(&[missing]);
+            wanted.read(&[]);
+            wanted.read(&late.iter().map(|(v, _)| *v).collect::<Vec<_>>());
+            Ok(())
+        })
+        .expect("copies");
+        assert!(late.len() >= 2 * READ_CHUNK);
+        assert_eq!(rows.len(), order.len());
+        for (v, m) in &rows {
+            assert_eq!(m.content, format!("turn number {}", by_vid[v]));
+        }
+        // A packing that fails returns its error, not the rows.
+        let failed = reading_copies(inner, |wanted| -> Result<()> {
+            wanted.read(&order.iter().map(|(v, _)| *v).collect::<Vec<_>>());
+            Err(HarnessError::Task("packing failed".into()))
+        });
+        assert!(matches!(failed, Err(HarnessError::Task(m)) if m == "packing failed"));
         // Stretches: 40 times (more than `AROUND_SPLIT`), read in halves and at once.
         let times: Vec<DateTime<Utc>> = all.iter().step_by(3).take(40).map(|e| e.at).collect();
         assert!(times.len() >= AROUND_SPLIT);

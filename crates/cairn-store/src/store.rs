@@ -2731,7 +2731,6 @@ fn adopt_rows(conn: &Connection, index: &VectorIndex, live: Vec<(usize, Attr)>) 
         .map
         .keys()
         .filter(|v| !rows.contains(v))
-        .copied()
         .collect();
     index.remove(&orphans);
     adopt_rows_partial(conn, index, live)
