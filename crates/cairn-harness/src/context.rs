@@ -846,7 +846,7 @@ fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>, what: &str) -> Result
 /// What [`read_ranked`]'s reader does, for its errors.
 const READING_RECALLED: &str = "reading the recalled turns";
 
-/// What [`read_repeats`]'s second reader does, for its errors.
+/// What [`reading_copies`]' reader does, for its errors.
 const READING_REPEATS: &str = "reading the recalled turns' copies";
 
 /// Reads the rows of the ranked turns `order` (best first) in chunks and hands them to
@@ -1160,11 +1160,11 @@ fn assemble_with(
         };
         // (An error of the closure below, which stops the reading.)
         let mut failed: Option<HarnessError> = None;
-        // Per recalled line, the copies of its text it names the days of (read after).
+        // Per recalled line, the copies of its text it names the days of.
         let mut line_copies_taken: Vec<Vec<u64>> = Vec::new();
         // (The rows of the copies each line takes are read on another thread as the lines
-        // are made, see `reading_copies`.)
-        let ((), copy_rows) = reading_copies(inner, |copies_wanted| {
+        // are made, see `reading_copies`; with no turn to try there is nothing to read.)
+        let pack = |copies_wanted: &CopiesWanted| {
             read_ranked(inner, &order, |hit, vid| {
                 if budget.saturating_sub(used) < MIN_LINE_TOKENS {
                     return false;
@@ -1290,11 +1290,15 @@ fn assemble_with(
                 copies_wanted.read(&copies);
                 line_copies_taken.push(copies);
                 true
-            })
-        })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
+            })?;
+            // (A copy lookup that failed stopped the packing: its error is the call's.)
+            failed.take().map_or(Ok(()), Err)
+        };
+        let copy_rows = if order.is_empty() {
+            HashMap::new()
+        } else {
+            reading_copies(inner, pack)?.1
+        };
         recount = read_repeats(
             inner,
             &mut recalled,
@@ -1383,8 +1387,8 @@ fn distinct_texts(
 /// `fits` tells from a set of days and their header's count whether the line fits with
 /// them: all the days when they fit, else the days nearest the line's own first, as many as
 /// fit (a text said on 70 days would otherwise cost its line its place). No row is read
-/// here: the copies taken are read together once the block is packed (see
-/// [`read_repeats`]). `None` when no other day is taken.
+/// here: the rows of the copies taken are read on another thread as the block is packed
+/// (see [`reading_copies`]). `None` when no other day is taken.
 fn line_copies(
     inner: &Inner,
     turns: &Filter,
@@ -1502,9 +1506,11 @@ impl CopiesWanted {
 /// Runs `pack` while another thread reads the rows of the copies `pack` asks for (the
 /// copies each recalled line names the days of), as it asks: on a long thread that repeats
 /// its texts a call names hundreds of copies, and their rows, read after the packing, took
-/// as long as it. What is still unread when `pack` is done is read then, in two halves at
-/// once. Returns `pack`'s result and the rows by index id (rows whose memory is gone are
-/// left out); when `pack` fails, its error, and the rows not yet read are not read.
+/// as long as it. The reader takes every ask waiting for it at once and reads them when
+/// they make a chunk (two chunks or more in two halves at once, see [`in_halves`]), and
+/// what is left when `pack` is done. Returns `pack`'s result and the rows by index id (rows
+/// whose memory is gone are left out); when `pack` fails, its error, and what is left
+/// unread then is not read.
 fn reading_copies<R>(
     inner: &Inner,
     pack: impl FnOnce(&CopiesWanted) -> Result<R>,
@@ -1520,38 +1526,40 @@ fn reading_copies<R>(
             move || -> Result<HashMap<u64, MemoryUnit>> {
                 let mut rows: HashMap<u64, MemoryUnit> = HashMap::new();
                 let mut wanted: Vec<(u64, f32)> = Vec::new();
-                // While the packing goes on, a chunk at a time.
+                let mut read = |wanted: &mut Vec<(u64, f32)>| -> Result<()> {
+                    let hits = in_halves(
+                        wanted,
+                        2 * READ_CHUNK,
+                        "cairn-read-repeats-2",
+                        READING_REPEATS,
+                        |c| read_chunk(inner, c),
+                    )?;
+                    rows.extend(hits.into_iter().map(|(h, v)| (v, h.memory)));
+                    wanted.clear();
+                    Ok(())
+                };
+                // While the packing goes on: every ask waiting, once they make a chunk.
                 while let Ok(vids) = take.recv() {
                     wanted.extend(vids.into_iter().map(|v| (v, 0.0)));
+                    wanted.extend(take.try_iter().flatten().map(|v| (v, 0.0)));
                     if wanted.len() >= READ_CHUNK {
-                        rows.extend(
-                            read_chunk(inner, &wanted)?
-                                .into_iter()
-                                .map(|(h, v)| (v, h.memory)),
-                        );
-                        wanted.clear();
+                        read(&mut wanted)?;
                     }
                 }
-                if failed.load(std::sync::atomic::Ordering::Acquire) {
-                    return Ok(rows);
-                }
                 // (The channel is closed: the packing is done.)
-                let rest = in_halves(
-                    &wanted,
-                    2 * READ_CHUNK,
-                    "cairn-read-repeats",
-                    READING_REPEATS,
-                    |c| read_chunk(inner, c),
-                )?;
-                rows.extend(rest.into_iter().map(|(h, v)| (v, h.memory)));
+                if !failed.load(std::sync::atomic::Ordering::Acquire) {
+                    read(&mut wanted)?;
+                }
                 Ok(rows)
             },
         )?;
-        let packed = pack(&CopiesWanted(send));
+        let wanted = CopiesWanted(send);
+        let packed = pack(&wanted);
         if packed.is_err() {
             failed.store(true, std::sync::atomic::Ordering::Release);
         }
-        // (`pack` has dropped the sender: the reader reads what is left and returns.)
+        // (The reader, told whether the packing failed, reads what is left and returns.)
+        drop(wanted);
         let rows = joined(reader, READING_REPEATS);
         let packed = packed?;
         Ok((packed, rows??))
@@ -2250,10 +2258,12 @@ mod tests {
         .expect("read");
         assert_eq!(taken, 5);
         // Copies asked for while packing: a few at a time (some chunks read while it goes
-        // on), then more than two chunks at its end (read in halves), with ids that have no
-        // row; every row comes back by its own id, the missing ones are left out.
+        // on), more than two chunks in one ask (read in halves), and a few left at its end
+        // (read when it is done), with ids that have no row; every row comes back by its
+        // own id, the missing ones are left out.
         let missing = all.iter().map(|e| e.vid).max().unwrap_or(0) + 1;
         let (early, late) = order.split_at(order.len() / 3);
+        let (late, last) = late.split_at(late.len() - 3);
         let ((), rows) = reading_copies(inner, |wanted| {
             for few in early.chunks(5) {
                 wanted.read(&few.iter().map(|(v, _)| *v).collect::<Vec<_>>());
@@ -2261,10 +2271,11 @@ mod tests {
             wanted.read(&[missing]);
             wanted.read(&[]);
             wanted.read(&late.iter().map(|(v, _)| *v).collect::<Vec<_>>());
+            wanted.read(&last.iter().map(|(v, _)| *v).collect::<Vec<_>>());
             Ok(())
         })
         .expect("copies");
-        assert!(late.len() >= 2 * READ_CHUNK);
+        assert!(late.len() >= 2 * READ_CHUNK && last.len() < READ_CHUNK);
         assert_eq!(rows.len(), order.len());
         for (v, m) in &rows {
             assert_eq!(m.content, format!("turn number {}", by_vid[v]));

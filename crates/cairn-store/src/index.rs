@@ -114,7 +114,9 @@ impl VidMap {
 
     /// Sets `vid`'s attributes; returns the ones they replace.
     pub fn insert(&mut self, vid: usize, attr: Attr) -> Option<Attr> {
-        if vid >= self.dense.len() && vid < DENSE_FACTOR * (self.len + 1) + DENSE_SLACK {
+        // (Bounded by the live entries after the insert: a vid already kept aside adds none.)
+        let live = self.len + usize::from(!self.contains_key(&vid));
+        if vid >= self.dense.len() && vid < DENSE_FACTOR * live + DENSE_SLACK {
             self.dense.resize(vid + 1, None);
             // Vids the vector now reaches move into it.
             if !self.sparse.is_empty() {
@@ -858,5 +860,25 @@ mod tests {
             keys.sort_unstable();
             prop_assert_eq!(keys, model.keys().copied().collect::<Vec<_>>());
         }
+    }
+
+    /// A vid kept aside and set again moves into the vector only within the bound of the
+    /// live entries: setting it again adds no entry.
+    #[test]
+    fn a_vid_set_twice_keeps_the_vector_bounded() {
+        let mut m = VidMap::default();
+        let far = DENSE_FACTOR + DENSE_SLACK;
+        assert!(m.insert(far, attr(0)).is_none());
+        assert!(m.dense.len() <= DENSE_FACTOR + DENSE_SLACK);
+        assert_eq!(m.insert(far, attr(1)), Some(attr(0)));
+        assert_eq!(m.len(), 1);
+        assert!(m.dense.len() <= DENSE_FACTOR + DENSE_SLACK);
+        assert_eq!(m.get(&far), Some(&attr(1)));
+        // A second live entry lets the vector reach it.
+        assert!(m.insert(1, attr(2)).is_none());
+        assert!(m.insert(far, attr(3)).is_some());
+        assert_eq!(m.dense.len(), far + 1);
+        assert!(m.sparse.is_empty());
+        assert_eq!(m.get(&far), Some(&attr(3)));
     }
 }
