@@ -1701,28 +1701,14 @@ fn summaries_filter(thread: &ThreadId) -> Filter {
         .kinds([MemoryKind::Summary])
 }
 
-/// The keyword side of [`route`]: the thread's summaries of every level that match the
-/// query's rarer words best.
-fn route_keyword_ranking(
-    inner: &Inner,
-    thread: &ThreadId,
-    keyword_text: &str,
-) -> Result<Vec<(u64, f32)>> {
-    Ok(inner.store.search_keyword_ids_capped(
-        keyword_text,
-        ROUTE_DEPTH,
-        &summaries_filter(thread),
-        KEYWORD_MAX_MATCHES,
-    )?)
-}
-
 /// The spans of the level-1 summaries of the thread that recall reads under: the best
 /// [`ROUTE_HITS`] summaries for the query (vector and keyword rankings fused), each one of
 /// level 2 or more replaced, one level at a time, by its [`ROUTE_CHILDREN`] children nearest
 /// the query, down to level 1.
 /// Coarse to fine: the vector ranking looks at the summaries above level 1, so its cost
 /// grows with a four-hundredth of the thread, not with the thread.
-/// `keyword` is [`route_keyword_ranking`]'s, read while the model embeds the query.
+/// `keyword` is the thread's summaries of every level that match the query's rarer words
+/// best (at most [`ROUTE_DEPTH`]), read while the model embeds the query.
 fn route(
     inner: &Inner,
     thread: &ThreadId,
@@ -1952,9 +1938,16 @@ fn bounded_ranking(
             "cairn-keyword-lane",
             KEYWORD_RANKING,
             move || -> Result<Option<KeywordLane>> {
-                let keyword =
-                    store.search_keyword_ids_capped(keyword_text, depth, f, KEYWORD_MAX_MATCHES)?;
-                let route_keyword = route_keyword_ranking(inner, thread, keyword_text)?;
+                // The turns' ranking and the route's (the thread's summaries of every level)
+                // in one call: the query's words are counted once.
+                let sf = summaries_filter(thread);
+                let mut both = store.search_keyword_ids_capped_each(
+                    keyword_text,
+                    &[(depth, f), (ROUTE_DEPTH, &sf)],
+                    KEYWORD_MAX_MATCHES,
+                )?;
+                let route_keyword = both.pop().unwrap_or_default();
+                let keyword = both.pop().unwrap_or_default();
                 // No vector: the other lane failed, and returns its error.
                 let Ok(qv) = take_qv.recv() else {
                     return Ok(None);

@@ -271,6 +271,20 @@ pub trait MemoryBackend: Send + Sync {
         max_matches: usize,
     ) -> Result<Vec<(u64, f32)>>;
 
+    /// [`Self::search_keyword_ids_capped`] for several (`k`, filter) asks of one query, one
+    /// ranking per ask in order, each as that method ranks it. A backend may count the
+    /// query's words once for all of them (the default asks one at a time).
+    fn search_keyword_ids_capped_each(
+        &self,
+        query: &str,
+        asks: &[(usize, &Filter)],
+        max_matches: usize,
+    ) -> Result<Vec<Vec<(u64, f32)>>> {
+        asks.iter()
+            .map(|&(k, filter)| self.search_keyword_ids_capped(query, k, filter, max_matches))
+            .collect()
+    }
+
     /// The rows of ranked index ids, in the given order with their scores; ids whose row is
     /// gone are skipped.
     fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>>;
@@ -974,6 +988,15 @@ impl MemoryBackend for crate::Store {
         max_matches: usize,
     ) -> Result<Vec<(u64, f32)>> {
         crate::Store::search_keyword_ids_capped(self, query, k, filter, max_matches)
+    }
+
+    fn search_keyword_ids_capped_each(
+        &self,
+        query: &str,
+        asks: &[(usize, &Filter)],
+        max_matches: usize,
+    ) -> Result<Vec<Vec<(u64, f32)>>> {
+        crate::Store::search_keyword_ids_capped_each(self, query, asks, max_matches)
     }
 
     fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {

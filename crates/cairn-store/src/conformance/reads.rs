@@ -232,6 +232,46 @@ pub fn index_id_searches_agree(b: &dyn MemoryBackend) {
         .unwrap();
     assert_eq!(id_of[&found[0].0], kw[1].id);
     assert_eq!(found.len(), 3);
+    // Several asks of one query: each as its own call ranks it, in order; an ask for none
+    // and a query of common words only are empty; a bad filter among them is an error.
+    let in_kw = Filter::all().thread(thread("kw"));
+    let elsewhere = Filter::all().thread(thread("ix"));
+    let anywhere = Filter::all();
+    let both: Vec<(usize, &Filter)> = vec![
+        (10, &in_kw),
+        (1, &in_kw),
+        (0, &in_kw),
+        (10, &elsewhere),
+        (10, &anywhere),
+    ];
+    for (q, max) in [("common zebra quokka", 3), ("zebra quokka", 10)] {
+        let each = b.search_keyword_ids_capped_each(q, &both, max).unwrap();
+        assert_eq!(each.len(), both.len());
+        for (got, &(k, f)) in each.iter().zip(&both) {
+            assert_eq!(
+                got,
+                &b.search_keyword_ids_capped(q, k, f, max).unwrap(),
+                "{q}"
+            );
+        }
+        assert_eq!(each[1].len(), 1);
+        assert!(each[2].is_empty() && each[3].is_empty());
+        assert!(!each[0].is_empty());
+    }
+    assert!(b
+        .search_keyword_ids_capped_each("common", &both, 2)
+        .unwrap()
+        .iter()
+        .all(Vec::is_empty));
+    assert!(b
+        .search_keyword_ids_capped_each("zebra", &[], 3)
+        .unwrap()
+        .is_empty());
+    let backwards = Filter::all().levels(2, 1);
+    assert!(matches!(
+        b.search_keyword_ids_capped_each("zebra", &[(10, &in_kw), (10, &backwards)], 3),
+        Err(StoreError::Input(_))
+    ));
 }
 
 /// Timelines on a thread with ties in time: `timeline_entries` lists time, index id, text

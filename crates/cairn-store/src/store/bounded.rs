@@ -328,10 +328,25 @@ impl Store {
         filter: &Filter,
         max_matches: usize,
     ) -> Result<Vec<(u64, f32)>> {
-        filter.validate()?;
+        let mut found = self.search_keyword_ids_capped_each(query, &[(k, filter)], max_matches)?;
+        Ok(found.pop().unwrap_or_default())
+    }
+
+    /// [`Store::search_keyword_ids_capped`] for several (`k`, filter) asks of one query:
+    /// its words are counted once, and every ask reads the same snapshot. One ranking per
+    /// ask, in order.
+    pub fn search_keyword_ids_capped_each(
+        &self,
+        query: &str,
+        asks: &[(usize, &Filter)],
+        max_matches: usize,
+    ) -> Result<Vec<Vec<(u64, f32)>>> {
+        for (_, filter) in asks {
+            filter.validate()?;
+        }
         let words = fts_words(query);
-        if k == 0 || words.is_empty() {
-            return Ok(Vec::new());
+        if words.is_empty() || asks.iter().all(|&(k, _)| k == 0) {
+            return Ok(vec![Vec::new(); asks.len()]);
         }
         let cap = i64::try_from(max_matches.saturating_add(1)).unwrap_or(i64::MAX);
         let vis = self.visibility()?;
@@ -350,10 +365,18 @@ impl Store {
                     rare.push(w);
                 }
             }
-            match fts_or(&rare) {
-                Some(fts) => keyword_ids(c, fts, k, filter, vis),
-                None => Ok(Vec::new()),
-            }
+            let Some(fts) = fts_or(&rare) else {
+                return Ok(vec![Vec::new(); asks.len()]);
+            };
+            asks.iter()
+                .map(|&(k, filter)| {
+                    if k == 0 {
+                        Ok(Vec::new())
+                    } else {
+                        keyword_ids(c, fts.clone(), k, filter, vis)
+                    }
+                })
+                .collect()
         })
     }
 }
