@@ -7,7 +7,7 @@ use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryKind, MemoryUnit, Metadata, Role, ThreadId, TokenCounter};
-use cairn_store::{Filter, Hit, MemoryBackend, MetaFilter, TimelineEntry};
+use cairn_store::{Filter, Hit, MemoryBackend, MetaFilter, StoreError, TimelineEntry};
 use rustc_hash::FxHashMap;
 
 use crate::harness::{blocking, fuse_ids, hybrid_ids, Inner};
@@ -1941,13 +1941,18 @@ fn bounded_ranking(
                 // The turns' ranking and the route's (the thread's summaries of every level)
                 // in one call: the query's words are counted once.
                 let sf = summaries_filter(thread);
-                let mut both = store.search_keyword_ids_capped_each(
+                let both = store.search_keyword_ids_capped_each(
                     keyword_text,
                     &[(depth, f), (ROUTE_DEPTH, &sf)],
                     KEYWORD_MAX_MATCHES,
                 )?;
-                let route_keyword = both.pop().unwrap_or_default();
-                let keyword = both.pop().unwrap_or_default();
+                let n = both.len();
+                let Ok([keyword, route_keyword]) = <[_; 2]>::try_from(both) else {
+                    return Err(HarnessError::Store(StoreError::Backend {
+                        backend: "keyword search",
+                        message: format!("{n} rankings for 2 asks"),
+                    }));
+                };
                 // No vector: the other lane failed, and returns its error.
                 let Ok(qv) = take_qv.recv() else {
                     return Ok(None);

@@ -193,18 +193,23 @@ struct Code<'a> {
     s: f32,
 }
 
-/// Appends `v`'s int8 code to `out` and returns its scale (`max |x| / 127`).
+/// Appends `v`'s int8 code to `out` and returns its scale (`max |x| / 127`). Plain loops,
+/// inlined: searches call it under the dispatch (see [`SearchOp`]).
+#[inline(always)]
 fn quantize_into(v: &[f32], out: &mut Vec<i8>) -> f32 {
-    let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let mut max = 0.0f32;
+    for x in v {
+        max = max.max(x.abs());
+    }
     if max == 0.0 || !max.is_finite() {
         out.extend(std::iter::repeat_n(0i8, v.len()));
         return 0.0;
     }
     let inv = 127.0 / max;
-    out.extend(
-        v.iter()
-            .map(|x| (x * inv).round().clamp(-127.0, 127.0) as i8),
-    );
+    out.reserve(v.len());
+    for x in v {
+        out.push((x * inv).round().clamp(-127.0, 127.0) as i8);
+    }
     max / 127.0
 }
 
@@ -543,10 +548,13 @@ impl Hnsw {
     /// by about 1e-3) that holds `q`'s vector.
     #[inline(always)]
     fn twin_among(&self, q: u32, near: &[Cand]) -> Option<Cand> {
-        near.iter()
-            .take(4)
-            .find(|c| self.same_vector(q, c.id))
-            .copied()
+        // A plain loop (see [`SearchOp`]): the distance is computed for the dispatched target.
+        for c in near.iter().take(4) {
+            if self.same_vector(q, c.id) {
+                return Some(*c);
+            }
+        }
+        None
     }
 
     /// Hangs unlinked node `q` on `node`'s twin chain.
@@ -1054,9 +1062,6 @@ impl Hnsw {
         self.admitted_copies(node, admit)
     }
 
-    /// The layer-0 beam of a search for `q` (up to `ef` admitted nodes, a node admitted
-    /// when one of its twins is), nearest first by int8 distance.
-    #[inline(always)]
     /// How many distinct vectors the graph holds: its nodes but the twins.
     pub fn distinct(&self) -> usize {
         self.len()
@@ -1084,7 +1089,8 @@ impl Hnsw {
                 }));
             }
         }
-        // A heap, not a sort: only the nearest until `ef` are admitted are taken out.
+        // A heap, not a sort: only the nearest until `ef` are admitted are taken out (all of
+        // them, each a sift-down, when the filter admits fewer than `ef`).
         let mut near = BinaryHeap::from(all);
         let admit = Some(admit);
         let twins = self.has_twins.load(Mem::Acquire);
@@ -1104,6 +1110,8 @@ impl Hnsw {
         out
     }
 
+    /// The layer-0 beam of a search for `q` (up to `ef` admitted nodes, a node admitted
+    /// when one of its twins is), nearest first by int8 distance.
     #[inline(always)]
     fn beam(&self, q: &[f32], ef: usize, admit: Option<&dyn Fn(u64) -> bool>) -> Vec<Cand> {
         let Some((mut ep, top_level)) = self.entry() else {

@@ -53,7 +53,8 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 /// exact cosine scan, `hits` reads their rows in the given order (skipping unknown ids,
 /// keeping the scores given), `similarities` scores given ids in order, `embedding`
 /// returns the stored unit vector; `search_keyword_ids` ranks as `search_keyword`, and
-/// `search_keyword_ids_capped` keeps only the words at most `max_matches` memories hold.
+/// `search_keyword_ids_capped` keeps only the words at most `max_matches` memories hold, and
+/// `search_keyword_ids_capped_each` answers several asks as their own calls do.
 pub fn index_id_searches_agree(b: &dyn MemoryBackend) {
     let items: Vec<(NewMemory, Vec<f32>)> = (0..60)
         .map(|i| {
@@ -267,11 +268,25 @@ pub fn index_id_searches_agree(b: &dyn MemoryBackend) {
         .search_keyword_ids_capped_each("zebra", &[], 3)
         .unwrap()
         .is_empty());
+    assert_eq!(
+        b.search_keyword_ids_capped_each("zebra", &[(0, &in_kw), (0, &anywhere)], 3)
+            .unwrap(),
+        vec![Vec::new(), Vec::new()]
+    );
     let backwards = Filter::all().levels(2, 1);
-    assert!(matches!(
-        b.search_keyword_ids_capped_each("zebra", &[(10, &in_kw), (10, &backwards)], 3),
-        Err(StoreError::Input(_))
-    ));
+    for (q, asks) in [
+        ("zebra", vec![(10, &in_kw), (10, &backwards)]),
+        ("zebra", vec![(0, &backwards)]),
+        ("", vec![(10, &in_kw), (0, &backwards)]),
+    ] {
+        assert!(
+            matches!(
+                b.search_keyword_ids_capped_each(q, &asks, 3),
+                Err(StoreError::Input(_))
+            ),
+            "{q:?}: a bad filter is an error"
+        );
+    }
 }
 
 /// Timelines on a thread with ties in time: `timeline_entries` lists time, index id, text

@@ -334,7 +334,8 @@ impl Store {
 
     /// [`Store::search_keyword_ids_capped`] for several (`k`, filter) asks of one query:
     /// its words are counted once, and every ask reads the same snapshot. One ranking per
-    /// ask, in order.
+    /// ask, in order (none for no asks). Every filter is checked before anything is read: a
+    /// bad one is an error whatever its `k` and the query.
     pub fn search_keyword_ids_capped_each(
         &self,
         query: &str,
