@@ -193,8 +193,8 @@ struct Code<'a> {
     s: f32,
 }
 
-/// Appends `v`'s int8 code to `out` and returns its scale (`max |x| / 127`). Plain loops,
-/// inlined: searches call it under the dispatch (see [`SearchOp`]).
+/// Appends `v`'s int8 code to `out` and returns its scale (`max |x| / 127`). Searches call
+/// it under the dispatch (see [`SearchOp`]).
 #[inline(always)]
 fn quantize_into(v: &[f32], out: &mut Vec<i8>) -> f32 {
     let mut max = 0.0f32;
@@ -548,7 +548,7 @@ impl Hnsw {
     /// by about 1e-3) that holds `q`'s vector.
     #[inline(always)]
     fn twin_among(&self, q: u32, near: &[Cand]) -> Option<Cand> {
-        // A plain loop (see [`SearchOp`]): the distance is computed for the dispatched target.
+        // A plain loop, not a `find` (see [`SearchOp`]).
         for c in near.iter().take(4) {
             if self.same_vector(q, c.id) {
                 return Some(*c);
@@ -972,7 +972,7 @@ impl Hnsw {
         // order breaks ties by label); the later ones are not walked: a text stored 70 times
         // would otherwise cost 70 admission tests for each of 3k.
         let want = (3 * k).max(32);
-        // A plain loop (see `scan`): the distances are computed for the dispatched target.
+        // A plain loop, not a `collect` (see [`SearchOp`]).
         let mut near: Vec<Cand> = Vec::with_capacity(want.min(approx.len()));
         for c in approx.iter().take(want) {
             near.push(Cand {
@@ -1077,9 +1077,7 @@ impl Hnsw {
         let scale = quantize_into(q, &mut code);
         let qc = Code { c: &code, s: scale };
         let n = u32::try_from(self.len()).unwrap_or(u32::MAX);
-        // A plain loop, not an iterator's `collect`: a closure passed to a generic
-        // function compiled apart would be built for the baseline target, not for the
-        // dispatched one (four times slower on AVX-512).
+        // A plain loop, not a `collect` (see [`SearchOp`]).
         let mut all = Vec::with_capacity(self.distinct());
         for id in 0..n {
             if self.head_of(id) == id {

@@ -328,8 +328,8 @@ impl Store {
         filter: &Filter,
         max_matches: usize,
     ) -> Result<Vec<(u64, f32)>> {
-        let mut found = self.search_keyword_ids_capped_each(query, &[(k, filter)], max_matches)?;
-        Ok(found.pop().unwrap_or_default())
+        let found = self.search_keyword_ids_capped_each(query, &[(k, filter)], max_matches)?;
+        Ok(found.into_iter().next().unwrap_or_default())
     }
 
     /// [`Store::search_keyword_ids_capped`] for several (`k`, filter) asks of one query:
