@@ -217,10 +217,13 @@ fn day_groups(items: &[&ContextItem]) -> Vec<(Vec<NaiveDate>, Vec<usize>)> {
 }
 
 /// The header line over the recalled lines said on `days` (oldest first, at least one): the
-/// day, `[2023-06-01]`, or, for lines said on several days, the first day and then the
-/// others by year, `[2023-06-01; also on 2023: Jul 12, Aug 3; 2024: Jan 5]`. A date in its
-/// year's group costs about half the tokens of a full one (four in cl100k with its comma,
-/// against eight for `2023-06-01,`).
+/// day, `[2023-06-01]`, or, for lines said on several days, the first day in full and then
+/// the others by month, `[2023-06-01; also on Jun 9,15, Jul 12; 2024: Jan 5,30]`: the days of
+/// the first day's year without their year, those of each later year after it, and in each
+/// month its name once. A text the thread holds on many days names them all, so each day
+/// costs as little as it can while it reads plainly: two tokens in cl100k and o200k for a
+/// day in a month already named (`,15`), four for a new month (`, Jul 12`), against eight
+/// for `2023-06-01,`.
 fn days_header(days: &[NaiveDate]) -> String {
     let Some((first, rest)) = days.split_first() else {
         return String::new();
@@ -229,19 +232,27 @@ fn days_header(days: &[NaiveDate]) -> String {
         return day_header(*first);
     }
     let mut line = also_head(*first);
-    let mut year = None;
+    let mut group: Option<(i32, u32)> = None;
     for d in rest {
-        let y = d.year();
-        if year == Some(y) {
-            line.push(',');
-        } else {
-            if year.is_some() {
-                line.push(';');
+        let (y, m) = (d.year(), d.month());
+        match group {
+            Some((gy, gm)) if gy == y && gm == m => line.push(','),
+            Some((gy, _)) if gy == y => {
+                line.push(',');
+                line.push_str(month_piece(m));
             }
-            line.push_str(&year_piece(y));
-            year = Some(y);
+            _ => {
+                if group.is_some() {
+                    line.push(';');
+                }
+                if y != first.year() {
+                    line.push_str(&year_piece(y));
+                }
+                line.push_str(month_piece(m));
+            }
         }
-        line.push_str(&date_piece(*d));
+        line.push_str(&day_piece(*d));
+        group = Some((y, m));
     }
     line.push_str(ALSO_END);
     line
@@ -255,26 +266,39 @@ fn also_head(first: NaiveDate) -> String {
 /// What closes a header of several days, with the line.
 const ALSO_END: &str = "]\n";
 
-/// The year that heads a group of other days in a header, with the space before it.
+/// The year that heads the other days of a later year than the first day's, with the space
+/// before it.
 fn year_piece(year: i32) -> String {
     format!(" {year}:")
 }
 
-/// An other day in a header, in its year's group, with the space before it (a comma goes
-/// before all but the group's first).
-fn date_piece(d: NaiveDate) -> String {
-    format!(" {}", d.format("%b %-d"))
+/// A month (1-12) that heads its other days in a header, with the spaces around it (a
+/// comma goes before all but its year's first).
+fn month_piece(month: u32) -> &'static str {
+    const MONTHS: [&str; 12] = [
+        " Jan ", " Feb ", " Mar ", " Apr ", " May ", " Jun ", " Jul ", " Aug ", " Sep ", " Oct ",
+        " Nov ", " Dec ",
+    ];
+    MONTHS[(month.clamp(1, 12) - 1) as usize]
+}
+
+/// An other day in a header: its day of the month (after its month, or a comma).
+fn day_piece(d: NaiveDate) -> String {
+    d.day().to_string()
 }
 
 /// The tokens of the pieces of headers that name days ([`day_header`], [`also_head`],
-/// [`date_piece`], [`year_piece`]), each counted once per call: one call folds the same
-/// few dozen days into many lines (a text said on 70 days names them all), and a date
-/// formatted and tokenized again for each costs more than the rest of the line's packing.
+/// [`day_piece`], [`month_piece`], [`year_piece`]), each counted once per call: one call
+/// folds the same few dozen days into many lines (a text said on 70 days names them all),
+/// and a date formatted and tokenized again for each costs more than the rest of the
+/// line's packing.
 struct DayTokens<'a> {
     counter: &'a dyn TokenCounter,
     /// Per day: its header alone, and [`also_head`].
     firsts: FxHashMap<NaiveDate, (usize, usize)>,
-    dates: FxHashMap<NaiveDate, usize>,
+    /// Per day of the month (1-31) and per month (1-12).
+    days: [Option<usize>; 31],
+    months: [Option<usize>; 12],
     years: FxHashMap<i32, usize>,
 }
 
@@ -283,7 +307,8 @@ impl<'a> DayTokens<'a> {
         Self {
             counter,
             firsts: FxHashMap::default(),
-            dates: FxHashMap::default(),
+            days: [None; 31],
+            months: [None; 12],
             years: FxHashMap::default(),
         }
     }
@@ -297,13 +322,18 @@ impl<'a> DayTokens<'a> {
             .or_insert_with(|| (c.count(&day_header(day)), c.count(&also_head(day))))
     }
 
-    /// The tokens of `day`'s [`date_piece`].
-    fn date(&mut self, day: NaiveDate) -> usize {
+    /// The tokens of `day`'s [`day_piece`].
+    fn day(&mut self, day: NaiveDate) -> usize {
         let c = self.counter;
-        *self
-            .dates
-            .entry(day)
-            .or_insert_with(|| c.count(&date_piece(day)))
+        let slot = &mut self.days[(day.day0() as usize).min(30)];
+        *slot.get_or_insert_with(|| c.count(&day_piece(day)))
+    }
+
+    /// The tokens of `month`'s (1-12) [`month_piece`].
+    fn month(&mut self, month: u32) -> usize {
+        let c = self.counter;
+        let slot = &mut self.months[(month.clamp(1, 12) - 1) as usize];
+        *slot.get_or_insert_with(|| c.count(month_piece(month)))
     }
 
     /// The tokens of `year`'s [`year_piece`].
@@ -334,25 +364,30 @@ impl HeaderPieces {
 }
 
 /// Tokens of [`days_header`], counted in pieces and kept up to date as days are added: for
-/// one day its header; for several, the head with the first day ([`also_head`]), each year
-/// of the others with its space and colon, each other date with its space, each comma and
-/// semicolon, [`ALSO_END`]. The pre-tokenizers of cl100k and o200k never join two of these
-/// pieces (each starts with a space, or is punctuation after a letter or a digit followed by
-/// a space, and the end is punctuation after a digit), so the sum is the header's count
-/// (`day_headers_count_in_pieces`), and a day added costs its own pieces, not the header
-/// tokenized again (a text said on 70 days is folded 70 times); for other counters the
-/// context is counted again whole at the end.
+/// one day its header; for several, the head with the first day ([`also_head`]), each
+/// later year of the others with its space and colon, each month of the others with its
+/// spaces, each other day of the month, each comma and semicolon, [`ALSO_END`]. The
+/// pre-tokenizers of cl100k and o200k never join two of these pieces (a month's name is a
+/// word of its own after a space, its last space stands alone before a digit, a day's
+/// digits stand alone between punctuation or spaces, the rest is punctuation after a
+/// letter or a digit followed by a space, and the end is punctuation after a digit), so the
+/// sum is the header's count (`day_headers_count_in_pieces`), and a day added costs its own
+/// pieces, not the header tokenized again (a text said on 70 days is folded 70 times); for
+/// other counters the context is counted again whole at the end.
 #[derive(Debug, Clone)]
 struct DaysCount {
     /// The first day, and the tokens of its header alone and of [`also_head`].
     first: NaiveDate,
     single: usize,
     head: usize,
-    /// The other days (each once, none before the first), and their dates' tokens.
+    /// The other days (each once, none before the first), and their days' tokens.
     others: usize,
-    dates: usize,
-    /// The years of the other days: each with its piece's tokens.
+    days: usize,
+    /// The years of the other days: each with its piece's tokens (paid by those other than
+    /// the first day's).
     years: Vec<(i32, usize)>,
+    /// The months (year, month) of the other days: each with its piece's tokens.
+    months: Vec<((i32, u32), usize)>,
 }
 
 impl DaysCount {
@@ -364,8 +399,9 @@ impl DaysCount {
             single,
             head,
             others: 0,
-            dates: 0,
+            days: 0,
             years: Vec::new(),
+            months: Vec::new(),
         }
     }
 
@@ -385,8 +421,9 @@ impl DaysCount {
             let was = self.first;
             *self = Self {
                 others: self.others,
-                dates: self.dates,
+                days: self.days,
                 years: std::mem::take(&mut self.years),
+                months: std::mem::take(&mut self.months),
                 ..Self::new(tokens, day)
             };
             was
@@ -394,10 +431,13 @@ impl DaysCount {
             day
         };
         self.others += 1;
-        self.dates += tokens.date(other);
-        let y = other.year();
+        self.days += tokens.day(other);
+        let (y, m) = (other.year(), other.month());
         if !self.years.iter().any(|(year, _)| *year == y) {
             self.years.push((y, tokens.year(y)));
+        }
+        if !self.months.iter().any(|(month, _)| *month == (y, m)) {
+            self.months.push(((y, m), tokens.month(m)));
         }
     }
 
@@ -406,11 +446,19 @@ impl DaysCount {
         if self.others == 0 {
             return self.single;
         }
-        // The other days are in date order, so each year is one group.
+        // The other days are in date order, so each year is one group, and each month one
+        // run in it.
         let groups = self.years.len();
+        let first_year = self.first.year();
         self.head
-            + self.years.iter().map(|(_, t)| t).sum::<usize>()
-            + self.dates
+            + self
+                .years
+                .iter()
+                .filter(|(y, _)| *y != first_year)
+                .map(|(_, t)| t)
+                .sum::<usize>()
+            + self.months.iter().map(|(_, t)| t).sum::<usize>()
+            + self.days
             + pieces.comma * self.others.saturating_sub(groups)
             + pieces.semicolon * groups.saturating_sub(1)
             + pieces.end
@@ -2310,21 +2358,25 @@ mod tests {
     }
 
     /// A header of days counted in pieces is its count, for the counters whose counts add up
-    /// over lines, whatever the days: one, several in a year, several years, every month's
-    /// name, one- and two-digit days, years of one to four digits; and whatever the order
-    /// the days are added in (a day before the first one moves the first into the others).
+    /// over lines, whatever the days: one, several in a month, several months in a year,
+    /// several years (with and without days in the first day's year), every month's name,
+    /// one- and two-digit days, years of one to four digits; and whatever the order the days
+    /// are added in (a day before the first one moves the first into the others).
     #[test]
     fn day_headers_count_in_pieces() {
         let days = [
             day(812, 6, 15),
             day(1999, 1, 1),
             day(2023, 5, 8),
+            day(2023, 5, 9),
+            day(2023, 5, 31),
             day(2023, 9, 21),
             day(2023, 11, 30),
+            day(2024, 11, 2),
             day(2100, 12, 31),
         ];
         let many: Vec<NaiveDate> = (2023..=2025)
-            .flat_map(|y| (1..=12).flat_map(move |m| [day(y, m, 1), day(y, m, 28)]))
+            .flat_map(|y| (1..=12).flat_map(move |m| [day(y, m, 1), day(y, m, 9), day(y, m, 28)]))
             .collect();
         for c in [
             crate::TiktokenCounter::cl100k().unwrap(),
@@ -2375,34 +2427,46 @@ mod tests {
     }
 
     /// A header names one day in full, or the first of several in full and the others by
-    /// year; a day in a year's group costs four tokens in cl100k with its comma (eight for
-    /// `2023-06-01,`).
+    /// month: those of the first day's year without it, each later year once; a day in a
+    /// month already named costs two tokens in cl100k with its comma, one in a new month
+    /// four (eight for `2023-06-01,`).
     #[test]
-    fn day_headers_group_their_days_by_year() {
+    fn day_headers_group_their_days_by_month() {
         assert_eq!(days_header(&[day(2023, 5, 8)]), "[2023-05-08]\n");
         assert_eq!(
             days_header(&[day(2023, 5, 8), day(2023, 6, 1)]),
-            "[2023-05-08; also on 2023: Jun 1]\n"
+            "[2023-05-08; also on Jun 1]\n"
+        );
+        assert_eq!(
+            days_header(&[day(2023, 5, 8), day(2023, 5, 9), day(2023, 5, 31)]),
+            "[2023-05-08; also on May 9,31]\n"
         );
         assert_eq!(
             days_header(&[
                 day(2022, 12, 30),
                 day(2023, 6, 1),
+                day(2023, 6, 12),
                 day(2023, 7, 12),
                 day(2024, 1, 5),
                 day(2024, 12, 31)
             ]),
-            "[2022-12-30; also on 2023: Jun 1, Jul 12; 2024: Jan 5, Dec 31]\n"
+            "[2022-12-30; also on 2023: Jun 1,12, Jul 12; 2024: Jan 5, Dec 31]\n"
+        );
+        assert_eq!(
+            days_header(&[day(2022, 12, 30), day(2022, 12, 31), day(2023, 1, 2)]),
+            "[2022-12-30; also on Dec 31; 2023: Jan 2]\n"
         );
         let c = crate::TiktokenCounter::cl100k().unwrap();
         let pieces = HeaderPieces::new(&c);
-        let six: Vec<NaiveDate> = (1..=6).map(|m| day(2023, m, 10 + m)).collect();
         let tokens = |days: &[NaiveDate]| {
             DaysCount::of(&mut DayTokens::new(&c), days)
                 .unwrap()
                 .tokens(&pieces)
         };
-        assert_eq!(tokens(&six) - tokens(&six[..5]), 4);
+        let months: Vec<NaiveDate> = (1..=6).map(|m| day(2023, m, 10 + m)).collect();
+        assert_eq!(tokens(&months) - tokens(&months[..5]), 4);
+        let june: Vec<NaiveDate> = (1..=6).map(|d| day(2023, 6, 3 * d + 7)).collect();
+        assert_eq!(tokens(&june) - tokens(&june[..5]), 2);
     }
 
     /// Recalled lines said on the same days share one header naming them, in the order they
@@ -2448,7 +2512,7 @@ mod tests {
             "Recalled from earlier in this conversation:\n\
              [2023-06-01]\n\
              Early on the 1st.\n\
-             [2023-06-02; also on 2023: Jul 1]\n\
+             [2023-06-02; also on Jul 1]\n\
              How are you?\n\
              Fine, thanks.\n\
              [2023-06-03]\n\

@@ -229,8 +229,9 @@ mod tests {
             "ends with punctuation...\n",
             "x\n",
             "[2023-05-08]\n",
-            "[2023-05-08; also on 2023: Jun 1]\n",
-            "[2022-12-30; also on 2023: May 8, Jun 1; 2024: Jan 5]\n",
+            "[2023-05-08; also on Jun 1]\n",
+            "[2023-05-08; also on May 9,31, Jun 1]\n",
+            "[2022-12-30; also on 2023: May 8,9, Jun 1; 2024: Jan 5]\n",
             "/reset\n",
             "//comment\n",
         ];

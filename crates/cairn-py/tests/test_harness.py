@@ -363,12 +363,21 @@ def test_assemble_context_folds_repeated_texts(harness):
         datetime.fromisoformat(t[:10])
         for t in [line["created_at"]] + [r["created_at"] for r in line["repeats"]]
     )
-    # Under one header naming the three days: the first in full, the others by year,
-    # "[2024-03-01; also on 2024: Mar 2, Mar 3]" (or "... 2024: Dec 31; 2025: Jan 1]").
+    # Under one header naming the three days: the first in full, the others by month, with
+    # their year when it is not the first's: "[2024-03-01; also on Mar 2,3]", or
+    # "[2024-03-31; also on Apr 1,2]", or "[2024-12-31; also on 2025: Jan 1,2]".
     month = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()
-    also = f"{days[1].year}: {month[days[1].month - 1]} {days[1].day}"
-    third = f"{month[days[2].month - 1]} {days[2].day}"
-    also += f", {third}" if days[2].year == days[1].year else f"; {days[2].year}: {third}"
+    also, last = "", None
+    for d in days[1:]:
+        if last is not None and (d.year, d.month) == (last.year, last.month):
+            also += f",{d.day}"
+        else:
+            if last is not None:
+                also += "; " if d.year != last.year else ", "
+            if d.year != days[0].year and (last is None or d.year != last.year):
+                also += f"{d.year}: "
+            also += f"{month[d.month - 1]} {d.day}"
+        last = d
     assert f"[{days[0]:%Y-%m-%d}; also on {also}]\n{said}\n" in ctx["text"], ctx["text"]
     assert all(i["repeats"] == [] for i in ctx["items"] if i is not line)
 
