@@ -1455,6 +1455,8 @@ fn twin_chains_are_lists(next: &[u32]) -> bool {
 /// path is `#[inline(always)]`, so it is compiled for the detected vector unit, and their
 /// distances are computed in plain loops: a closure handed to a generic function (an
 /// iterator's `collect`) is compiled with that function, apart, for the baseline target.
+/// The test `dispatched_paths_are_compiled_inline` fails when a function of this module
+/// other than the entry points, set-up and I/O is compiled out of line.
 struct SearchOp<'a> {
     g: &'a Hnsw,
     q: &'a [f32],
@@ -2082,5 +2084,151 @@ mod tests {
         assert!(!twin_chains_are_lists(&[0]), "a node its own twin");
         assert!(!twin_chains_are_lists(&[2, 2, x]), "pointed at twice");
         assert!(!twin_chains_are_lists(&[5, x]), "outside");
+    }
+
+    /// The functions of this module that may be compiled out of line: entry points (each
+    /// runs its operation under the dispatch), set-up before a walk, and I/O. A search,
+    /// link or scan step compiled apart runs on the baseline target, not the dispatched
+    /// vector unit (see [`SearchOp`]): the walk ran on SSE2 that way for weeks, at half the
+    /// index's query speed, with the same results.
+    const OUT_OF_LINE: &[&str] = &[
+        "Hnsw::add_twin",
+        "Hnsw::duplicate_labels",
+        "Hnsw::exact",
+        "Hnsw::exact_among",
+        "Hnsw::give_scratch",
+        "Hnsw::groups",
+        "Hnsw::insert",
+        "Hnsw::link_one",
+        "Hnsw::new",
+        "Hnsw::read_from",
+        "Hnsw::read_from::{{closure}}",
+        "Hnsw::reserve",
+        "Hnsw::search",
+        "Hnsw::search_groups",
+        "Hnsw::take_scratch",
+        "Hnsw::twin_key",
+        "Hnsw::twin_labels",
+        "Hnsw::write_to",
+        "Scratch::reset",
+        "lock",
+        "read_f32s",
+        "read_pod",
+        "read_u32s",
+        "read_u64",
+        "read_u64s",
+        "twin_chains_are_lists",
+        "write_pod",
+        "<HnswError as core::fmt::Debug>::fmt",
+        "<HnswError as core::fmt::Display>::fmt",
+    ];
+
+    /// The names of the function symbols of an ELF64 little-endian file (its `.symtab`).
+    fn elf_function_symbols(elf: &[u8]) -> Vec<String> {
+        let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+        let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+        let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+        assert_eq!(
+            &elf[..6],
+            b"\x7fELF\x02\x01",
+            "not a 64-bit little-endian ELF file"
+        );
+        let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3A), u16_at(0x3C));
+        let section = |i: usize| shoff + i * shentsize;
+        let mut names = Vec::new();
+        for i in 0..shnum {
+            let sh = section(i);
+            // SHT_SYMTAB; its names are in the section its link names.
+            if u32_at(sh + 4) != 2 {
+                continue;
+            }
+            let (off, size) = (u64_at(sh + 0x18), u64_at(sh + 0x20));
+            let strtab = u64_at(section(u32_at(sh + 0x28)) + 0x18);
+            for sym in elf[off..off + size].chunks_exact(24) {
+                // STT_FUNC
+                if sym[4] & 0xF != 2 {
+                    continue;
+                }
+                let name = strtab + u32::from_le_bytes(sym[..4].try_into().unwrap()) as usize;
+                let end = elf[name..].iter().position(|b| *b == 0).unwrap();
+                names.push(String::from_utf8_lossy(&elf[name..name + end]).into_owned());
+            }
+        }
+        names
+    }
+
+    /// The path inside this module of a symbol mangled the legacy way (`_ZN11cairn_store4hnsw
+    /// 4Hnsw6search17h<hash>E` is `Hnsw::search`; a trait's method on a type of this module,
+    /// `<HnswError as core::fmt::Debug>::fmt`), or `None` for a symbol of elsewhere.
+    fn hnsw_path(symbol: &str) -> Option<String> {
+        let mut rest = symbol.strip_prefix("_ZN")?;
+        let mut parts: Vec<String> = Vec::new();
+        while let Some(digits) = rest.find(|c: char| !c.is_ascii_digit()).filter(|&d| d > 0) {
+            let len: usize = rest[..digits].parse().ok()?;
+            parts.push(rest.get(digits..digits + len)?.to_owned());
+            rest = &rest[digits + len..];
+        }
+        if parts
+            .last()
+            .is_some_and(|h| h.len() == 17 && h.starts_with('h'))
+        {
+            parts.pop();
+        }
+        let unescape = |p: &str| {
+            p.replace("$LT$", "<")
+                .replace("$GT$", ">")
+                .replace("$u20$", " ")
+                .replace("$u7b$", "{")
+                .replace("$u7d$", "}")
+                .replace("..", "::")
+                .trim_start_matches('_')
+                .to_owned()
+        };
+        let parts: Vec<String> = parts.iter().map(|p| unescape(p)).collect();
+        if parts.len() > 2 && parts[0] == "cairn_store" && parts[1] == "hnsw" {
+            return Some(parts[2..].join("::"));
+        }
+        let ty = parts.first()?.strip_prefix("<cairn_store::hnsw::")?;
+        let mut path = format!("<{ty}");
+        for p in &parts[1..] {
+            path.push_str("::");
+            path.push_str(p);
+        }
+        Some(path)
+    }
+
+    /// Nothing on a dispatched path (search, link, scan, their distances) is compiled out of
+    /// line: this test binary's own symbol table names no function of this module beyond
+    /// [`OUT_OF_LINE`], so a helper split out of a walk without `#[inline(always)]` fails
+    /// it (checked with `beam`'s attribute taken away). What it cannot see: a closure
+    /// handed to a generic adapter (`map(..).collect()`) is compiled inside the adapter's
+    /// instantiation, a symbol of the standard library's; the plain-loop rule on
+    /// [`SearchOp`] covers that.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    #[test]
+    fn dispatched_paths_are_compiled_inline() {
+        // (A search first, so this binary surely holds the dispatched code.)
+        let (g, data) = build(300, 16, 1, 5);
+        assert_eq!(g.search(&data[0], 1, 32, None)[0].0, 7);
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let ours: std::collections::BTreeSet<String> = elf_function_symbols(&exe)
+            .iter()
+            .filter_map(|s| hnsw_path(s))
+            .filter(|p| !p.starts_with("tests::"))
+            .collect();
+        assert!(
+            ours.contains("Hnsw::insert") || ours.contains("Hnsw::search"),
+            "no symbol of this module found (symbols mangled another way?): {ours:?}"
+        );
+        let stray: Vec<&String> = ours
+            .iter()
+            .filter(|p| !OUT_OF_LINE.contains(&p.as_str()))
+            .collect();
+        assert!(
+            stray.is_empty(),
+            "compiled out of line, so not for the dispatched vector unit: {stray:?}; on a \
+             search or link path mark it #[inline(always)] (see SearchOp), else add it to \
+             OUT_OF_LINE"
+        );
     }
 }
