@@ -2365,6 +2365,8 @@ mod tests {
     #[test]
     fn day_headers_count_in_pieces() {
         let days = [
+            day(7, 3, 4),
+            day(99, 12, 31),
             day(812, 6, 15),
             day(1999, 1, 1),
             day(2023, 5, 8),
