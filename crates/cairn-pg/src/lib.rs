@@ -739,6 +739,15 @@ impl MemoryBackend for PgStore {
         PgStore::search_keyword_ids_capped(self, query, k, filter, max_matches)
     }
 
+    fn search_keyword_ids_capped_each(
+        &self,
+        query: &str,
+        asks: &[(usize, &Filter)],
+        max_matches: usize,
+    ) -> Result<Vec<Vec<(u64, f32)>>> {
+        PgStore::search_keyword_ids_capped_each(self, query, asks, max_matches)
+    }
+
     fn hits(&self, found: Vec<(u64, f32)>) -> Result<Vec<Hit>> {
         PgStore::hits(self, found)
     }

@@ -207,6 +207,38 @@ pub(crate) fn keyword_query(
     filter: &Filter,
     now: DateTime<Utc>,
 ) -> Query {
+    let mut q = keyword_words(query, cap);
+    keyword_ranking(&mut q, k, filter, now);
+    q
+}
+
+/// [`keyword_query`] for several asks at once, each (its number, `k`, filter), in one
+/// statement: the query's words are looked up and counted once for all of them. Rows (ask,
+/// rid, score): each ask's ranking in turn, as its own [`keyword_query`] ranks it.
+pub(crate) fn keyword_query_each(
+    query: &str,
+    cap: Option<i64>,
+    asks: &[(usize, usize, &Filter)],
+    now: DateTime<Utc>,
+) -> Query {
+    let mut q = keyword_words(query, cap);
+    q.push(" SELECT u.ask, u.rid, u.score FROM (");
+    for (n, &(ask, k, filter)) in asks.iter().enumerate() {
+        if n > 0 {
+            q.push(" UNION ALL ");
+        }
+        q.push(format!("(SELECT {ask}::int4 AS ask, r.rid, r.score FROM ("));
+        keyword_ranking(&mut q, k, filter, now);
+        q.push(") r)");
+    }
+    q.push(") u ORDER BY u.ask, u.score DESC, u.rid");
+    q
+}
+
+/// The common table expressions of a keyword search up to its ranking: the query's words
+/// (`w`), the corpus' size and mean length (`s`), each word's idf with the words `cap`
+/// memories or more hold left out (`i`), and the words as one `tsquery` (`q`).
+fn keyword_words(query: &str, cap: Option<i64>) -> Query {
     let mut q = Query::new(
         "WITH w AS (SELECT x AS lexeme,
                 ('''' || replace(replace(x, '\\', '\\\\'), '''', '''''') || '''') AS quoted
@@ -235,7 +267,16 @@ pub(crate) fn keyword_query(
     }
     q.push(
         ",
-         q AS (SELECT (SELECT string_agg(quoted, ' | ') FROM i)::tsquery AS q)
+         q AS (SELECT (SELECT string_agg(quoted, ' | ') FROM i)::tsquery AS q)",
+    );
+    q
+}
+
+/// The ranking of a keyword search over the words of [`keyword_words`]: the best `k`
+/// memories `filter` admits, as (rid, score).
+fn keyword_ranking(q: &mut Query, k: usize, filter: &Filter, now: DateTime<Utc>) {
+    q.push(
+        "
          SELECT m.rid, sc.score FROM memories m CROSS JOIN q CROSS JOIN s
            CROSS JOIN LATERAL (
              SELECT sum(i.idf * t.tf * 2.2
@@ -249,7 +290,6 @@ pub(crate) fn keyword_query(
     q.filter(filter, now);
     q.push(" ORDER BY sc.score DESC, m.rid LIMIT ");
     q.bind(big(k));
-    q
 }
 
 /// The rows of ranked index ids, in the given order with their scores; ids without a row
@@ -624,6 +664,45 @@ impl PgStore {
         max_matches: usize,
     ) -> Result<Vec<(u64, f32)>> {
         self.keyword(query, Some(big(max_matches.saturating_add(1))), k, filter)
+    }
+
+    /// See [`cairn_store::MemoryBackend::search_keyword_ids_capped_each`]: one statement for
+    /// every ask for more than none, the query's words counted once.
+    pub(crate) fn search_keyword_ids_capped_each(
+        &self,
+        query: &str,
+        asks: &[(usize, &Filter)],
+        max_matches: usize,
+    ) -> Result<Vec<Vec<(u64, f32)>>> {
+        for (_, filter) in asks {
+            filter.validate()?;
+        }
+        let mut out: Vec<Vec<(u64, f32)>> = vec![Vec::new(); asks.len()];
+        let wanted: Vec<(usize, usize, &Filter)> = asks
+            .iter()
+            .enumerate()
+            .filter(|(_, (k, _))| *k > 0)
+            .map(|(n, (k, f))| (n, *k, *f))
+            .collect();
+        if wanted.is_empty() || query.trim().is_empty() {
+            return Ok(out);
+        }
+        let cap = Some(big(max_matches.saturating_add(1)));
+        let q = keyword_query_each(query, cap, &wanted, self.now());
+        let rows = self
+            .block(move |c| async move { c.rows(&q.text, &refs(&q.params)).await.map_err(pg) })?;
+        #[allow(clippy::cast_possible_truncation)] // a rank fits an f32
+        for r in &rows {
+            let ask = usize::try_from(r.get::<_, i32>(0)).ok();
+            let ranking = ask
+                .and_then(|a| out.get_mut(a))
+                .ok_or_else(|| StoreError::Backend {
+                    backend: "postgres",
+                    message: "a keyword search answered for an ask it was not given".into(),
+                })?;
+            ranking.push((vid(r.get(1)), r.get::<_, f64>(2) as f32));
+        }
+        Ok(out)
     }
 
     fn keyword(
