@@ -694,3 +694,48 @@ fn bulk_loads_rebuild_the_vector_index() {
     assert_eq!(hits[0].memory.content, "more 42");
     store.drop_schema().unwrap();
 }
+
+/// A handle that inserts a thousand rows or more has the tables analyzed at once (a manual
+/// `ANALYZE`, counted apart from autovacuum's), so the planner does not take a table grown
+/// in bulk for an empty one until autovacuum gets to it; fewer rows do not.
+#[test]
+fn bulk_inserts_are_analyzed_at_once() {
+    let o = options();
+    let store = PgStore::open(o.clone()).unwrap();
+    let stats = || {
+        sql(
+            &o,
+            &format!(
+                "SELECT s.analyze_count, c.reltuples::bigint
+                   FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+                  WHERE s.schemaname = '{}' AND s.relname = 'memories'",
+                o.schema
+            ),
+        )[0]
+    };
+    let batch = |from: u64| -> Vec<(NewMemory, Vec<f32>)> {
+        (from..from + 100)
+            .map(|i| {
+                (
+                    NewMemory::new(MemoryKind::Knowledge, format!("fact {i}")),
+                    vector(i),
+                )
+            })
+            .collect()
+    };
+    for b in 0..9 {
+        store.insert_batch(batch(b * 100)).unwrap();
+    }
+    assert_eq!(stats().0, 0, "analyzed before a thousand rows");
+    store.insert_batch(batch(900)).unwrap();
+    assert_eq!(stats(), (1, 1_000));
+    // A retry of stored rows inserts nothing; a hundred more are not enough.
+    store.insert_batch(batch(900)).unwrap();
+    store.insert_batch(batch(1_000)).unwrap();
+    assert_eq!(stats().0, 1);
+    for b in 11..20 {
+        store.insert_batch(batch(b * 100)).unwrap();
+    }
+    assert_eq!(stats(), (2, 2_000));
+    store.drop_schema().unwrap();
+}
