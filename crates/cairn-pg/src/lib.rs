@@ -196,13 +196,15 @@ pub struct PgStore {
     rt: Option<tokio::runtime::Runtime>,
     pool: Pool,
     options: PgOptions,
-    /// Rows this handle inserted since it last had the tables analyzed (see
-    /// [`ANALYZE_AFTER`]).
+    /// Rows this handle wrote since it last had the tables analyzed, and how many more it
+    /// writes before it checks again (see [`ANALYZE_AFTER`]).
     since_analyze: std::sync::atomic::AtomicUsize,
+    analyze_due: std::sync::atomic::AtomicUsize,
 }
 
-/// After inserting this many rows, and at least a tenth of what the table held when last
-/// analyzed (or when it never was), a handle has PostgreSQL analyze the tables at once:
+/// After writing this many rows (memories, and summaries' links), and at least a tenth of
+/// what `memories` held when last analyzed (or when it never was), a handle has PostgreSQL
+/// analyze the tables at once:
 /// until autovacuum gets to a table grown in bulk (a minute or more after), the planner
 /// takes it for nearly empty, and the bounded context path's per-match range read
 /// (`timeline_around`) ran as a scan of the thread for each match: 150-300 ms a statement at
@@ -215,6 +217,11 @@ impl std::fmt::Debug for PgStore {
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
+}
+
+/// The rows a stored memory took: its own, and a summary's links to its sources.
+fn written_rows(unit: &MemoryUnit) -> usize {
+    1 + unit.summary.as_ref().map_or(0, |s| s.source_ids.len())
 }
 
 /// A driver or pool error as a store error.
@@ -274,6 +281,7 @@ impl PgStore {
             pool,
             options,
             since_analyze: std::sync::atomic::AtomicUsize::new(0),
+            analyze_due: std::sync::atomic::AtomicUsize::new(ANALYZE_AFTER),
         };
         let options = store.options.clone();
         store.block(move |c| async move { sql::migrate(&c, &options).await })?;
@@ -302,16 +310,27 @@ impl PgStore {
         self.options.clock.now()
     }
 
-    /// Counts `inserted` new rows, and once [`ANALYZE_AFTER`] of them and a tenth of the
-    /// table's last analyzed size have gone in, analyzes `memories` and `summary_sources`
-    /// (a lock that blocks neither reads nor writes). The rows are stored already: a failure
-    /// here is logged, not returned (autovacuum analyzes the tables later anyway).
-    fn analyze_if_grown(&self, inserted: usize) {
+    /// Counts `written` new rows (memories and summary links), and once [`ANALYZE_AFTER`] of
+    /// them and a tenth of `memories`' last analyzed size have gone in, analyzes `memories`
+    /// and `summary_sources` (a lock that blocks neither reads nor writes). One insert claims
+    /// the count and checks; when the table is too large for it yet, the count goes back and
+    /// the next check waits for a tenth of the table (no statement per insert meanwhile).
+    /// The rows are stored already: a failure here is logged, not returned (autovacuum
+    /// analyzes the tables later anyway), and the next try comes [`ANALYZE_AFTER`] rows on.
+    fn analyze_if_grown(&self, written: usize) {
         use std::sync::atomic::Ordering::Relaxed;
-        let since = self.since_analyze.fetch_add(inserted, Relaxed) + inserted;
-        if since < ANALYZE_AFTER {
+        let since = self.since_analyze.fetch_add(written, Relaxed) + written;
+        let due = self.analyze_due.load(Relaxed);
+        if since < due {
             return;
         }
+        // (Another insert that crossed the mark at the same time checks instead.)
+        let Ok(claimed) = self
+            .since_analyze
+            .fetch_update(Relaxed, Relaxed, |n| (n >= due).then_some(0))
+        else {
+            return;
+        };
         let analyzed = self.block(move |c| async move {
             // -1 for a table never analyzed.
             let tuples: f32 = c
@@ -323,24 +342,23 @@ impl PgStore {
                 .map_err(pg)?
                 .get(0);
             #[allow(clippy::cast_precision_loss)] // a row count's tenth, roughly
-            if tuples >= 0.0 && (since as f32) * 10.0 < tuples {
-                return Ok(false);
+            if tuples >= 0.0 && (claimed as f32) * 10.0 < tuples {
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                return Ok(Some((tuples / 10.0).ceil() as usize));
             }
             c.batch_execute("ANALYZE memories, summary_sources")
                 .await
                 .map_err(pg)?;
-            Ok(true)
+            Ok(None)
         });
         match analyzed {
-            Ok(true) => {
-                // (Another insert may have analyzed meanwhile and taken its count off.)
-                let _ = self
-                    .since_analyze
-                    .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(since)));
+            Ok(None) => self.analyze_due.store(ANALYZE_AFTER, Relaxed),
+            Ok(Some(tenth)) => {
+                self.since_analyze.fetch_add(claimed, Relaxed);
+                self.analyze_due.store(tenth.max(ANALYZE_AFTER), Relaxed);
             }
-            Ok(false) => {}
             Err(e) => {
-                tracing::warn!(error = %e, "analyzing the store's tables after a bulk insert")
+                tracing::warn!(error = %e, "analyzing the store's tables after a bulk insert");
             }
         }
     }
@@ -888,7 +906,10 @@ impl MemoryBackend for PgStore {
     }
 
     fn extend_summary(&self, summary: MemoryId, sources: Vec<MemoryId>) -> Result<MemoryUnit> {
-        self.extend(summary, sources)
+        let added = sources.len();
+        let unit = self.extend(summary, sources)?;
+        self.analyze_if_grown(added);
+        Ok(unit)
     }
 
     fn place_source(&self, summary: MemoryId, source: MemoryId) -> Result<MemoryUnit> {
@@ -902,7 +923,9 @@ impl MemoryBackend for PgStore {
         state: Option<ThreadState>,
         embedding: Vec<f32>,
     ) -> Result<MemoryUnit> {
-        self.continuation(summary, previous, state, embedding)
+        let unit = self.continuation(summary, previous, state, embedding)?;
+        self.analyze_if_grown(written_rows(&unit));
+        Ok(unit)
     }
 
     fn clear_thread_state(&self, thread: &ThreadId) -> Result<()> {
@@ -919,7 +942,9 @@ impl MemoryBackend for PgStore {
     }
 
     fn restore(&self, items: Vec<(MemoryUnit, Vec<f32>)>) -> Result<Vec<MemoryUnit>> {
-        self.restore_rows(items)
+        let units = self.restore_rows(items)?;
+        self.analyze_if_grown(units.iter().map(written_rows).sum());
+        Ok(units)
     }
 
     /// `REINDEX INDEX` of the HNSW index (pgvector keeps it current on every write; this
@@ -1025,7 +1050,9 @@ impl MemoryBackend for PgStore {
 
     fn add_summary(&self, summary: NewSummary, embedding: Vec<f32>) -> Result<MemoryUnit> {
         // A summary that continues nothing, with no state: one writer for both.
-        self.continuation(summary, None, None, embedding)
+        let unit = self.continuation(summary, None, None, embedding)?;
+        self.analyze_if_grown(written_rows(&unit));
+        Ok(unit)
     }
 
     fn get(&self, id: MemoryId) -> Result<MemoryUnit> {

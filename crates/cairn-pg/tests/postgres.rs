@@ -697,7 +697,8 @@ fn bulk_loads_rebuild_the_vector_index() {
 
 /// A handle that inserts a thousand rows or more has the tables analyzed at once (a manual
 /// `ANALYZE`, counted apart from autovacuum's), so the planner does not take a table grown
-/// in bulk for an empty one until autovacuum gets to it; fewer rows do not.
+/// in bulk for an empty one until autovacuum gets to it; fewer rows, or rows already
+/// stored, do not count.
 #[test]
 fn bulk_inserts_are_analyzed_at_once() {
     let o = options();
@@ -713,11 +714,13 @@ fn bulk_inserts_are_analyzed_at_once() {
             ),
         )[0]
     };
+    // Fixed ids, so a batch sent again is a retry.
     let batch = |from: u64| -> Vec<(NewMemory, Vec<f32>)> {
         (from..from + 100)
             .map(|i| {
+                let id = cairn_core::MemoryId::from_bytes(u128::from(i + 1).to_be_bytes());
                 (
-                    NewMemory::new(MemoryKind::Knowledge, format!("fact {i}")),
+                    NewMemory::new(MemoryKind::Knowledge, format!("fact {i}")).with_id(id),
                     vector(i),
                 )
             })
@@ -733,9 +736,12 @@ fn bulk_inserts_are_analyzed_at_once() {
     store.insert_batch(batch(900)).unwrap();
     store.insert_batch(batch(1_000)).unwrap();
     assert_eq!(stats().0, 1);
-    for b in 11..20 {
+    for b in 11..19 {
         store.insert_batch(batch(b * 100)).unwrap();
     }
+    assert_eq!(stats().0, 1, "analyzed before a thousand more rows");
+    store.insert_batch(batch(1_900)).unwrap();
     assert_eq!(stats(), (2, 2_000));
+    assert_eq!(sql(&o, "SELECT count(*) FROM memories")[0].0, 2_000);
     store.drop_schema().unwrap();
 }
