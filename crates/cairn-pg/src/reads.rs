@@ -227,7 +227,9 @@ pub(crate) fn keyword_query_each(
         if n > 0 {
             q.push(" UNION ALL ");
         }
-        q.push(format!("(SELECT {ask}::int4 AS ask, r.rid, r.score FROM ("));
+        q.push("(SELECT ");
+        q.bind(i32::try_from(ask).unwrap_or(i32::MAX));
+        q.push("::int4 AS ask, r.rid, r.score FROM (");
         keyword_ranking(&mut q, k, filter, now);
         q.push(") r)");
     }
