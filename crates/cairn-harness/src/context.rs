@@ -65,11 +65,13 @@ pub struct ContextItem {
     /// line under it, plus the block's header and message overhead when it is the first).
     pub tokens: usize,
     /// For a recalled turn: the other turns of the thread in which the same speaker (same
-    /// role and metadata `speaker`) said the same words on other days, one a day, oldest
-    /// first: every such day when they fit in the budget, else the days nearest the turn's
-    /// own. The context shows the text once, under a header that names all these days
-    /// (shared with the other texts said on the same days), so repeated texts do not crowd
-    /// out the rest, and no day the context names is lost.
+    /// role and metadata `speaker`) said the same words, oldest first: on every other day
+    /// they were said when the days fit in the budget, else on the days nearest the turn's
+    /// own, and on each day named (the turn's own too) the earliest such turns, up to four
+    /// a day with the turn itself (the words said twice in a day, a message re-sent). The
+    /// context shows the text once, under a header that names all these days (shared with
+    /// the other texts said on the same days), so repeated texts do not crowd out the rest,
+    /// and no day the context names is lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<Repeat>,
 }
@@ -1397,6 +1399,12 @@ fn assemble_with(
 /// ranked, words already in the context that day).
 const COPIES_TRIED: usize = 2;
 
+/// How many turns of one day a recalled line names (its own among them on its day): the
+/// same words said again that day (a message re-sent, a conversation held twice in a day)
+/// are the same line under the same header, and the line stands for them by id; a message
+/// re-sent all day long is named by its first turns, so one line does not read hundreds.
+const COPIES_A_DAY: usize = 4;
+
 /// The ranked turns `ranked` (best first) to try, up to [`MAX_TRIED`] distinct texts: of
 /// the copies of a text (the same words stored again, which hold the same vector; told by
 /// [`MemoryBackend::copy_keys`]) only the best [`COPIES_TRIED`], as the line made from one
@@ -1431,12 +1439,15 @@ fn distinct_texts(
 
 /// The days of a new recalled line for turn `m` (index id `vid`) with the other days its
 /// text was said in the thread: the copies the index knows of (the same words, which hold
-/// the same vector), one a day, leaving out the days `texts` already holds the words on.
-/// `fits` tells from a set of days and their header's count whether the line fits with
-/// them: all the days when they fit, else the days nearest the line's own first, as many as
-/// fit (a text said on 70 days would otherwise cost its line its place). No row is read
-/// here: the rows of the copies taken are read on another thread as the block is packed
-/// (see [`reading_copies`]). `None` when no other day is taken.
+/// the same vector), leaving out the days `texts` already holds the words on. On each day
+/// the line names, its copies are named too, up to [`COPIES_A_DAY`] turns a day with the
+/// line's own (the words said twice that day, say a message re-sent: the line stands for
+/// both, and the header names the day once). `fits` tells from a set of days and their
+/// header's count whether the line fits with them: all the days when they fit, else the
+/// days nearest the line's own first, as many as fit (a text said on 70 days would
+/// otherwise cost its line its place). No row is read here: the rows of the copies taken
+/// are read on another thread as the block is packed (see [`reading_copies`]). `None` when
+/// no copy is taken.
 fn line_copies(
     inner: &Inner,
     turns: &Filter,
@@ -1448,34 +1459,42 @@ fn line_copies(
 ) -> Result<Option<LineDays>> {
     let day = m.created_at.date_naive();
     let said = texts.days(&m.content);
-    // One copy a day (the least id), on the days other than the line's own.
+    // The copies on the days the words are not in the context on yet, the earliest
+    // [`COPIES_A_DAY`] a day (the line's own counts on its day).
     let mut others: Vec<(u64, DateTime<Utc>)> = inner
         .store
         .copies_of(vid, turns)?
         .into_iter()
-        .filter(|(v, at)| *v != vid && at.date_naive() != day && !said.contains(&at.date_naive()))
+        .filter(|(v, at)| *v != vid && !said.contains(&at.date_naive()))
         .collect();
-    others.sort_by_key(|(v, at)| (at.date_naive(), *v));
-    others.dedup_by_key(|(_, at)| at.date_naive());
+    others.sort_by_key(|(v, at)| (*at, *v));
+    let mut a_day: HashMap<NaiveDate, usize> = HashMap::from([(day, 1)]);
+    others.retain(|(_, at)| {
+        let n = a_day.entry(at.date_naive()).or_default();
+        *n += 1;
+        *n <= COPIES_A_DAY
+    });
     if others.is_empty() {
         return Ok(None);
     }
-    let mut days: Vec<NaiveDate> = others.iter().map(|(_, at)| at.date_naive()).collect();
-    days.insert(days.partition_point(|d| *d < day), day);
+    let mut days: Vec<NaiveDate> = a_day.into_keys().collect();
+    days.sort_unstable();
     let Some(mut count) = DaysCount::of(tokens, &days) else {
         return Ok(None);
     };
     if !fits(&days, &count) {
         // The nearest days first, while they fit (a header costs more with every day, but
-        // for one shared with another line: the whole set was tried above).
+        // for one shared with another line: the whole set was tried above); a day taken
+        // brings all its copies.
         others.sort_by_key(|(v, at)| ((*at - m.created_at).abs(), *v));
         days.clear();
         days.push(day);
         count = DaysCount::new(tokens, day);
-        let mut taken = 0;
         for (_, at) in &others {
             let d = at.date_naive();
-            let at = days.partition_point(|x| *x < d);
+            let Err(at) = days.binary_search(&d) else {
+                continue;
+            };
             days.insert(at, d);
             let mut c = count.clone();
             c.add(tokens, d);
@@ -1484,9 +1503,9 @@ fn line_copies(
                 break;
             }
             count = c;
-            taken += 1;
         }
-        others.truncate(taken);
+        others.retain(|(_, at)| days.binary_search(&at.date_naive()).is_ok());
+        others.sort_by_key(|(v, at)| (*at, *v));
         if others.is_empty() {
             return Ok(None);
         }

@@ -571,25 +571,35 @@ async fn repeated_texts_are_recalled_once_a_day() {
         .collect();
     assert_eq!(lines.len(), 1, "{}", ctx.render());
     let line = lines[0];
-    assert_eq!(line.repeats.len(), 1, "{}", ctx.render());
-    let mut days = vec![
-        line.created_at.date_naive(),
-        line.repeats[0].created_at.date_naive(),
-    ];
-    days.sort();
+    // The line names the turn of the other day, and on the first day four of its forty
+    // turns (its own and the earliest three others): the line stands for re-sends by id
+    // without reading all of them.
+    let later = t0 + chrono::Duration::days(20);
+    let named: Vec<chrono::DateTime<chrono::Utc>> = std::iter::once(line.created_at)
+        .chain(line.repeats.iter().map(|r| r.created_at))
+        .collect();
+    assert_eq!(named.len(), 5, "{:?}\n{}", named, ctx.render());
+    assert_eq!(named.iter().filter(|t| **t == later).count(), 1);
     assert_eq!(
-        days,
-        [
-            t0.date_naive(),
-            (t0 + chrono::Duration::days(20)).date_naive()
-        ],
-        "{}",
-        ctx.render()
+        named
+            .iter()
+            .filter(|t| t.date_naive() == t0.date_naive())
+            .count(),
+        4
     );
-    // The repeat is the turn of the other day, by id.
-    let other = mem.get(line.repeats[0].id).await.unwrap();
-    assert_eq!(other.content, reminder);
-    assert_eq!(other.created_at, line.repeats[0].created_at);
+    let ids: HashSet<MemoryId> = std::iter::once(line.id)
+        .chain(line.repeats.iter().map(|r| r.id))
+        .collect();
+    assert_eq!(ids.len(), 5);
+    // Each repeat is a turn with those words at that time, by id, oldest first.
+    for (n, r) in line.repeats.iter().enumerate() {
+        let other = mem.get(r.id).await.unwrap();
+        assert_eq!(
+            (other.content.as_str(), other.created_at),
+            (reminder, r.created_at)
+        );
+        assert!(n == 0 || line.repeats[n - 1].created_at <= r.created_at);
+    }
     // Under a header that names both days, the first in full, the other by its month (its
     // year is the first's).
     assert!(
@@ -610,8 +620,9 @@ async fn repeated_texts_are_recalled_once_a_day() {
 /// Texts said again on many days fold into one recalled line each, whatever the budget: at
 /// every budget the context fits, its count is exact (the dates included), no text is
 /// recalled twice by one role, and every turn it names (a line's own and its repeats) is a
-/// distinct turn of the thread with that text and role and a day of its own. The same words
-/// from the assistant never fold into the user's line.
+/// distinct turn of the thread with that text and role; on each day a line names, it names
+/// every turn of that day with its words (one re-sent on some days), up to four a day. The
+/// same words from the assistant never fold into the user's line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeats_fold_into_one_line_within_any_budget() {
     use chrono::Datelike;
@@ -635,6 +646,16 @@ async fn repeats_fold_into_one_line_within_any_budget() {
             let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(14);
             turns.push(NewMemory::conversational(thread.clone(), Role::Assistant, daily[0]).at(at));
         }
+        // The walk re-sent the same day, once every fourth day, and six times on day 9.
+        let resent = match day {
+            9 => 6,
+            d if d % 4 == 0 => 1,
+            _ => 0,
+        };
+        for k in 0..resent {
+            let at = t0 + chrono::Duration::days(day) + chrono::Duration::minutes(900 + 10 * k);
+            turns.push(NewMemory::conversational(thread.clone(), Role::User, daily[1]).at(at));
+        }
         let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(20);
         turns.push(
             NewMemory::conversational(
@@ -649,7 +670,19 @@ async fn repeats_fold_into_one_line_within_any_budget() {
         NewMemory::conversational(thread.clone(), Role::User, "Good night.")
             .at(t0 + chrono::Duration::days(40)),
     );
+    // How many turns say each text, by role, on each day.
+    let mut said: HashMap<(String, Option<Role>, chrono::NaiveDate), usize> = HashMap::new();
+    for t in &turns {
+        *said
+            .entry((
+                t.content.clone(),
+                t.role,
+                t.created_at.unwrap().date_naive(),
+            ))
+            .or_default() += 1;
+    }
     mem.add_many(turns).await.unwrap();
+    let mut resent_named = 0;
     let mut folded = 0;
     let mut across_years = 0;
     for budget in (30..=600).step_by(19) {
@@ -669,11 +702,11 @@ async fn repeats_fold_into_one_line_within_any_budget() {
                 "{}",
                 ctx.render()
             );
-            let mut days = HashSet::new();
-            assert!(days.insert(i.created_at.date_naive()));
+            let mut days: HashMap<chrono::NaiveDate, usize> = HashMap::new();
+            *days.entry(i.created_at.date_naive()).or_default() += 1;
             assert!(ids.insert(i.id));
             for (n, r) in i.repeats.iter().enumerate() {
-                assert!(days.insert(r.created_at.date_naive()), "{}", ctx.render());
+                *days.entry(r.created_at.date_naive()).or_default() += 1;
                 assert!(ids.insert(r.id));
                 assert!(n == 0 || i.repeats[n - 1].created_at <= r.created_at);
                 let m = mem.get(r.id).await.unwrap();
@@ -681,6 +714,11 @@ async fn repeats_fold_into_one_line_within_any_budget() {
                     (m.content.as_str(), m.created_at, m.role),
                     (i.content.as_str(), r.created_at, i.role)
                 );
+            }
+            for (d, n) in &days {
+                let all = said[&(i.content.clone(), i.role, *d)];
+                assert_eq!(*n, all.min(4), "{} on {d}: {}", i.content, ctx.render());
+                resent_named += usize::from(*n > 1);
             }
             folded += i.repeats.len();
             if i.repeats.first().map(|r| r.created_at.year())
@@ -692,12 +730,14 @@ async fn repeats_fold_into_one_line_within_any_budget() {
     }
     assert!(folded > 0, "no repeats folded at any budget");
     assert!(across_years > 0, "no line named days of two years");
+    assert!(resent_named > 0, "no line named a day's re-sent turns");
 }
 
 /// A thread that repeats its texts (a diary said again on many days): the copies of a text
 /// are one candidate, so the texts that match are recalled side by side instead of one
 /// text's copies taking the room, and each recalled line names every day its text was said
-/// in the thread (its copies, found by the index), on both paths.
+/// in the thread (its copies, found by the index), on both paths, and no turn of another
+/// thread that says the same words (on the same days too).
 #[tokio::test]
 async fn a_repeated_text_is_one_line_naming_all_its_days() {
     let dir = tempfile::tempdir().unwrap();
@@ -737,6 +777,15 @@ async fn a_repeated_text_is_one_line_naming_all_its_days() {
         NewMemory::conversational(thread.clone(), Role::User, "Good night.")
             .at(t0 + chrono::Duration::days(60)),
     );
+    // Another thread says the same words on days of its own, and on the diary's days: none
+    // of its turns is the diary's repeat.
+    let elsewhere = ThreadId::new("elsewhere").unwrap();
+    for (i, text) in cat.iter().enumerate() {
+        for n in [0i64, 1, 50] {
+            let at = t0 + chrono::Duration::days(i as i64 + 3 * n) + chrono::Duration::hours(11);
+            turns.push(NewMemory::conversational(elsewhere.clone(), Role::User, *text).at(at));
+        }
+    }
     mem.add_many(turns).await.unwrap();
     for bounded_above in [0, usize::MAX] {
         let options = ContextOptions {
@@ -786,8 +835,8 @@ async fn a_repeated_text_is_one_line_naming_all_its_days() {
             for r in &i.repeats {
                 let m = mem.get(r.id).await.unwrap();
                 assert_eq!(
-                    (m.content.as_str(), m.created_at),
-                    (i.content.as_str(), r.created_at)
+                    (m.content.as_str(), m.created_at, m.thread_id.as_ref()),
+                    (i.content.as_str(), r.created_at, Some(&thread))
                 );
             }
         }

@@ -46,6 +46,9 @@ const day = (t) => (t || "").slice(0, 10);
 // The speaker's name, unless the text already starts with it (imports often keep "Name: ").
 const who = (name, text) =>
   name && !text.startsWith(name + ":") ? el("span", { class: "who" }, name + ": ") : null;
+// The other days a recalled line's words were said on (its repeats may hold several turns of
+// one day, and of its own day: the day is named once).
+const alsoOn = (i) => [...new Set((i.repeats || []).map((r) => day(r.created_at)))].filter((d) => d !== day(i.created_at));
 const firstLines = (text, n) => text.split("\n").slice(0, n || 2).join("\n");
 
 function span(m) {
@@ -245,9 +248,7 @@ async function preview(q, budget) {
         el("span", { class: "tokens" }, i.tokens + " tok · " + i.created_at.slice(0, 10) + " "),
         who(i.speaker, i.content),
         el("span", { class: "text" }, i.content),
-        (i.repeats || []).length
-          ? el("span", { class: "tokens" }, " (also on " + i.repeats.map((r) => r.created_at.slice(0, 10)).join(", ") + ")")
-          : []));
+        alsoOn(i).length ? el("span", { class: "tokens" }, " (also on " + alsoOn(i).join(", ") + ")") : []));
     }
   }
 }
