@@ -1212,3 +1212,85 @@ async fn close_writes_the_snapshot_and_stops_the_store() {
     assert_eq!(again.get(id).await.unwrap().content, "kept across a close");
     again.close().await.unwrap();
 }
+
+/// An embedder that notes the thread of every call.
+struct Noting(HashEmbedder, std::sync::Mutex<Vec<std::thread::ThreadId>>);
+
+impl Embedder for Noting {
+    fn model_id(&self) -> &str {
+        self.0.model_id()
+    }
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+        self.1.lock().unwrap().push(std::thread::current().id());
+        self.0.embed(texts)
+    }
+}
+
+/// The model never runs on the runtime's threads: on a current-thread runtime (one thread,
+/// the caller's), every embedding that adding, adding a summary, searching, assembling a
+/// context on either recall path and consolidating asks for runs on another thread (the
+/// blocking pool, or a thread of the call's own), so a slow model never stalls the caller's
+/// other tasks. Fails when the harness's blocking work runs inline (checked).
+#[test]
+fn the_model_runs_off_the_runtime_thread() {
+    use cairn_harness::{ConsolidationPolicy, ContextOptions};
+    let noting = Arc::new(Noting(HashEmbedder::new(64), std::sync::Mutex::default()));
+    let embedder: Arc<dyn Embedder> = noting.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = open(&dir, embedder).await;
+        let t = ThreadId::new("t").unwrap();
+        let t0 = utc("2024-01-01T09:00:00Z");
+        let turns: Vec<NewMemory> = (0..120i64)
+            .map(|i| {
+                NewMemory::conversational(t.clone(), Role::User, format!("turn {i} about fish"))
+                    .at(t0 + chrono::Duration::minutes(i))
+            })
+            .collect();
+        let ids = mem.add_many(turns).await.unwrap();
+        mem.add_knowledge("Salmon swim upstream to spawn.")
+            .await
+            .unwrap();
+        mem.add_summary("Talk about fish.", &ids[..3], Some("t"))
+            .await
+            .unwrap();
+        mem.search("which fish?", SearchOptions::default())
+            .await
+            .unwrap();
+        for (n, bounded_above) in [0, usize::MAX].into_iter().enumerate() {
+            let options = ContextOptions {
+                bounded_above,
+                ..ContextOptions::default()
+            };
+            mem.assemble_context_with("t", &format!("fish number {n}?"), 500, options)
+                .await
+                .unwrap();
+        }
+        let report = mem
+            .consolidate(
+                ConsolidationPolicy::older_than(std::time::Duration::ZERO)
+                    .max_age(std::time::Duration::ZERO),
+            )
+            .await
+            .unwrap();
+        assert!(!report.summaries.is_empty(), "{report:?}");
+    });
+    let runtime = std::thread::current().id();
+    let seen = noting.1.lock().unwrap();
+    // add_many, add_knowledge, add_summary, search, two contexts, the consolidation's
+    // summaries: at least seven calls.
+    assert!(seen.len() >= 7, "{} embedding calls", seen.len());
+    assert!(
+        seen.iter().all(|t| *t != runtime),
+        "{} of {} embedding calls ran on the runtime's thread",
+        seen.iter().filter(|t| **t == runtime).count(),
+        seen.len()
+    );
+}
