@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -262,6 +262,158 @@ fn damaged_snapshots_are_rebuilt() {
             "{what}: snapshot restored"
         );
         store.close().unwrap();
+    }
+}
+
+/// Reopening from a stale snapshot catches it up from SQLite, not only with inserts: after
+/// the snapshot, 20 uncited turns are deleted, a level-1 summary `s0` is added and `s1` is
+/// extended with it (so `s1` goes from level 1 to 2 and `s2` from 2 to 3) and a turn is
+/// re-embedded; the store is then dropped without closing (no new snapshot). The reopened
+/// store loads that snapshot (no rebuild; the 21 entries it holds without rows are
+/// tombstoned) and agrees with the rows: the index check passes, no deleted turn (nor the
+/// re-embedded turn's old entry) is found by its own vector, by the graph or the exact
+/// scan, the level filters find the summaries at their new levels through the graph and
+/// the exact scan, and the re-embedded turn is found by its new vector.
+#[test]
+fn stale_snapshot_catches_up_deletes_levels_and_updates() {
+    let dir = tmp();
+    let path = dir.path().join("stale.db");
+    // Searches walk the graph however few memories a filter admits (`search_vector_ids_exact`
+    // is the exact scan).
+    let mut opts = options(16);
+    opts.exact_scan_max = 0;
+    opts.exact_scan_factor = 0.0;
+    let mut rng = StdRng::seed_from_u64(19);
+    let t = ThreadId::new("t").unwrap();
+    let vecs: Vec<Vec<f32>> = (0..200).map(|_| random_unit(&mut rng, 16)).collect();
+    // A memory's index id: the exact scan's best answer for its own vector.
+    let vid_of = |store: &Store, v: &[f32], id: MemoryId| -> u64 {
+        let (vid, _) = store
+            .search_vector_ids_exact(v.to_vec(), 1, &Filter::all())
+            .unwrap()[0];
+        assert_eq!(store.hits(vec![(vid, 0.0)]).unwrap()[0].memory.id, id);
+        vid
+    };
+    let store = Store::open(&path, opts.clone()).unwrap();
+    let items = vecs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (turn("t", i), v.clone()))
+        .collect();
+    let ids: Vec<MemoryId> = store
+        .insert_batch(items)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    let summary = |text: &str, sources: Vec<MemoryId>, v: Vec<f32>| {
+        store
+            .add_summary(
+                NewSummary::new(text, sources).with_thread(Some(t.clone())),
+                v,
+            )
+            .unwrap()
+    };
+    let s1 = summary("s1", ids[..5].to_vec(), random_unit(&mut rng, 16));
+    let s2 = summary("s2", vec![s1.id], random_unit(&mut rng, 16));
+    assert_eq!((s1.level, s2.level), (1, 2));
+    store.snapshot().unwrap();
+    let snap = snapshot_dir(&path);
+    let manifest = std::fs::read(snap.join("manifest.json")).unwrap();
+    let graph = std::fs::read(snap.join("index.graph")).unwrap();
+    // What the snapshot does not know: deletes of uncited turns...
+    let mut deleted = Vec::new();
+    for i in (20..200).step_by(9) {
+        let vid = vid_of(&store, &vecs[i], ids[i]);
+        store.delete(ids[i], DeletePolicy::Restrict).unwrap();
+        deleted.push((ids[i], vid, vecs[i].clone()));
+    }
+    assert_eq!(deleted.len(), 20);
+    // ...a new level-1 summary under s1, which raises s1 and s2 a level...
+    let s0 = summary("s0", ids[5..10].to_vec(), random_unit(&mut rng, 16));
+    store.extend_summary(s1.id, vec![s0.id]).unwrap();
+    let levels = |store: &Store| [s0.id, s1.id, s2.id].map(|id| store.get(id).unwrap().level);
+    assert_eq!(levels(&store), [1, 2, 3]);
+    // ...and a re-embedded turn (a new index id; the old one leaves the index).
+    let old_vid = vid_of(&store, &vecs[10], ids[10]);
+    let new_v = random_unit(&mut rng, 16);
+    store
+        .update(ids[10], "turn 10, rewritten".into(), None, new_v.clone())
+        .unwrap();
+    std::mem::forget(store); // no close, no snapshot
+    assert_eq!(std::fs::read(snap.join("manifest.json")).unwrap(), manifest);
+    assert_eq!(std::fs::read(snap.join("index.graph")).unwrap(), graph);
+
+    let store = Store::open(&path, opts).unwrap();
+    let s = store.stats().unwrap();
+    assert_eq!(s.rebuilds, 0, "the snapshot was loaded, not rebuilt");
+    assert_eq!(s.last_rebuild_reason, None);
+    assert_eq!(s.total, 200 - 20 + 3);
+    assert_eq!(s.index.live, s.total, "caught up from SQLite");
+    assert_eq!(
+        s.index.tombstones, 21,
+        "the snapshot's entries without rows"
+    );
+    let check = store.check_index().unwrap();
+    assert!(check.is_consistent(), "{check:?}");
+    assert_eq!(check.rows, 183);
+    // No deleted entry comes back, by the graph or the exact scan.
+    let gone: Vec<(u64, Vec<f32>)> = deleted
+        .iter()
+        .map(|(_, vid, v)| (*vid, v.clone()))
+        .chain([(old_vid, vecs[10].clone())])
+        .collect();
+    for (vid, v) in &gone {
+        let graph = store
+            .search_vector_ids(v.clone(), 5, &Filter::all(), Some(200))
+            .unwrap();
+        assert_eq!(graph.len(), 5);
+        assert!(graph.iter().all(|(g, _)| g != vid), "graph: {vid} found");
+        let exact = store
+            .search_vector_ids_exact(v.clone(), 5, &Filter::all())
+            .unwrap();
+        assert!(exact.iter().all(|(e, _)| e != vid), "exact: {vid} found");
+    }
+    for (id, _, _) in &deleted {
+        assert!(matches!(store.get(*id), Err(StoreError::NotFound { .. })));
+    }
+    // The level filters find each summary at its new level, by the graph and exactly.
+    assert_eq!(levels(&store), [1, 2, 3]);
+    for (level, id) in [(1, s0.id), (2, s1.id), (3, s2.id)] {
+        let f = Filter::all()
+            .kinds([MemoryKind::Summary])
+            .levels(level, level);
+        let q = store.embedding(id).unwrap();
+        let graph = store.search_vector(q.clone(), 1, &f, Some(200)).unwrap();
+        assert_eq!(
+            graph.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+            [id],
+            "graph, level {level}"
+        );
+        let exact = store
+            .hits(store.search_vector_ids_exact(q, 5, &f).unwrap())
+            .unwrap();
+        assert_eq!(
+            exact.iter().map(|h| h.memory.id).collect::<Vec<_>>(),
+            [id],
+            "exact, level {level}"
+        );
+    }
+    // The re-embedded turn is found by its new vector, and every other turn by its own.
+    let new_vid = vid_of(&store, &new_v, ids[10]);
+    let graph = store
+        .search_vector_ids(new_v, 1, &Filter::all(), Some(200))
+        .unwrap();
+    assert_eq!(graph[0].0, new_vid, "graph: the new vector");
+    assert!((graph[0].1 - 1.0).abs() < 1e-4);
+    let gone_ids: HashSet<MemoryId> = deleted.iter().map(|(id, _, _)| *id).collect();
+    for (i, v) in vecs.iter().enumerate().skip(11).step_by(3) {
+        if !gone_ids.contains(&ids[i]) {
+            let hits = store
+                .search_vector(v.clone(), 1, &Filter::all(), Some(200))
+                .unwrap();
+            assert_eq!(hits[0].memory.id, ids[i]);
+        }
     }
 }
 
@@ -1286,6 +1438,19 @@ fn concurrent_writers_and_searchers() {
 
 const CHILD_ENV: &str = "CAIRN_CRASH_CHILD_DB";
 
+/// Starts the test `name` of this binary as a child on the store at `path` with `seed`, its
+/// stdout piped (the children below do nothing when started otherwise).
+fn spawn_child(name: &str, path: &std::path::Path, seed: u64) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, path)
+        .env("CAIRN_CRASH_SEED", seed.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
 /// The child side of the crash test: writes memories and summaries forever, printing each
 /// acknowledged id. Does nothing unless started by `crash_consistency_under_sigkill`.
 #[test]
@@ -1349,25 +1514,11 @@ fn crash_child() {
 fn crash_consistency_under_sigkill() {
     let dir = tmp();
     let path = dir.path().join("crash.db");
-    let exe = std::env::current_exe().unwrap();
     let mut rng = StdRng::seed_from_u64(99);
     let mut acked_m: HashSet<MemoryId> = HashSet::new();
     let mut acked_s: Vec<(MemoryId, Vec<MemoryId>)> = Vec::new();
     for round in 0..20 {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_ENV, &path)
-            .env("CAIRN_CRASH_SEED", round.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_child("crash_child", &path, round);
         let stdout = child.stdout.take().unwrap();
         let kill_after = rng.random_range(20..400);
         let mut lines = BufReader::new(stdout).lines();
@@ -1483,6 +1634,228 @@ fn crash_consistency_under_sigkill() {
         acked_m.len() > 500,
         "the child wrote {} memories",
         acked_m.len()
+    );
+}
+
+/// The child side of the keyword crash test: inserts (alone and in batches, with ids chosen
+/// before the write), deletes and rewrites memories whose texts hold a word of their own,
+/// forever. It prints what it is about to do (`P id word`: insert, `d id`: delete, `u id
+/// word`: rewrite) and, once acknowledged, that it did it (`M`, `D`, `U`). Does nothing
+/// unless started by `keyword_index_is_written_with_its_row_under_sigkill`.
+#[test]
+fn keyword_crash_child() {
+    let Ok(path) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let seed: u64 = std::env::var("CAIRN_CRASH_SEED").unwrap().parse().unwrap();
+    let store = open(std::path::Path::new(&path), 8);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = std::io::stdout().lock();
+    let mut live: Vec<MemoryId> = Vec::new();
+    let mut words = 0;
+    let mut word = || {
+        words += 1;
+        format!("r{seed}w{words}")
+    };
+    loop {
+        let r: f64 = rng.random();
+        if r < 0.15 && !live.is_empty() {
+            let id = live.swap_remove(rng.random_range(0..live.len()));
+            writeln!(out, "d {id}").unwrap();
+            out.flush().unwrap();
+            store.delete(id, DeletePolicy::Restrict).unwrap();
+            writeln!(out, "D {id}").unwrap();
+        } else if r < 0.3 && !live.is_empty() {
+            let id = live[rng.random_range(0..live.len())];
+            let w = word();
+            writeln!(out, "u {id} {w}").unwrap();
+            out.flush().unwrap();
+            store
+                .update(id, format!("note {w}"), None, random_unit(&mut rng, 8))
+                .unwrap();
+            writeln!(out, "U {id} {w}").unwrap();
+        } else {
+            let n = if r < 0.45 { rng.random_range(2..20) } else { 1 };
+            let batch: Vec<(MemoryId, String)> =
+                (0..n).map(|_| (MemoryId::new(), word())).collect();
+            for (id, w) in &batch {
+                writeln!(out, "P {id} {w}").unwrap();
+            }
+            out.flush().unwrap();
+            let items = batch
+                .iter()
+                .map(|(id, w)| {
+                    let m = knowledge(&format!("note {w}")).with_id(*id);
+                    (m, random_unit(&mut rng, 8))
+                })
+                .collect();
+            store.insert_batch(items).unwrap();
+            for (id, w) in batch {
+                writeln!(out, "M {id} {w}").unwrap();
+                live.push(id);
+            }
+        }
+        out.flush().unwrap();
+    }
+}
+
+/// Invariant: a memory's keyword (FTS5) entry is written in the transaction that writes its
+/// row. A child inserting, deleting and rewriting memories, each text with a word of its
+/// own, is SIGKILLed at seeded random moments (8 rounds, one store). Each reopening finds:
+/// exactly the acknowledged memories (plus those of unacknowledged writes that committed)
+/// and none deleted; each live memory found by keyword search on its current word and by
+/// nothing else; for every word ever written (acknowledged, unacknowledged, deleted or
+/// rewritten away), the FTS index naming exactly the rows holding it; and SQLite's FTS5
+/// integrity check against the rows passing.
+#[test]
+fn keyword_index_is_written_with_its_row_under_sigkill() {
+    let dir = tmp();
+    let path = dir.path().join("fts.db");
+    let mut rng = StdRng::seed_from_u64(98);
+    // Live memories by their acknowledged word; deleted ones; every word written.
+    let mut acked: HashMap<MemoryId, String> = HashMap::new();
+    let mut deleted: HashSet<MemoryId> = HashSet::new();
+    let mut words: HashSet<String> = HashSet::new();
+    for round in 0..8u64 {
+        let mut child = spawn_child("keyword_crash_child", &path, round);
+        let stdout = child.stdout.take().unwrap();
+        let kill_after = rng.random_range(20..300);
+        // Writes begun and not yet acknowledged: inserts, deletes, rewrites.
+        let mut inserting: HashMap<MemoryId, String> = HashMap::new();
+        let mut deleting: HashSet<MemoryId> = HashSet::new();
+        let mut rewriting: HashMap<MemoryId, String> = HashMap::new();
+        let (mut n, mut killed) = (0, false);
+        // Lines written before the kill are read to the end: a write acknowledged after
+        // `kill_after` lines is acknowledged too.
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let parts: Vec<&str> = line.split(' ').collect();
+            let id = |i: usize| parts.get(i).and_then(|p| p.parse::<MemoryId>().ok());
+            match (parts[0], id(1), parts.get(2)) {
+                ("P", Some(id), Some(w)) => {
+                    words.insert((*w).to_owned());
+                    inserting.insert(id, (*w).to_owned());
+                }
+                ("M", Some(id), Some(w)) => {
+                    inserting.remove(&id);
+                    acked.insert(id, (*w).to_owned());
+                }
+                ("d", Some(id), None) => {
+                    deleting.insert(id);
+                }
+                ("D", Some(id), None) => {
+                    deleting.remove(&id);
+                    acked.remove(&id);
+                    deleted.insert(id);
+                }
+                ("u", Some(id), Some(w)) => {
+                    words.insert((*w).to_owned());
+                    rewriting.insert(id, (*w).to_owned());
+                }
+                ("U", Some(id), Some(w)) => {
+                    rewriting.remove(&id);
+                    acked.insert(id, (*w).to_owned());
+                }
+                _ => continue,
+            }
+            n += 1;
+            if !killed && n >= kill_after {
+                // SIGKILL while the child is mid-write (it never waits for us).
+                std::thread::sleep(Duration::from_millis(rng.random_range(0..5)));
+                child.kill().unwrap();
+                killed = true;
+            }
+        }
+        if !killed {
+            child.kill().unwrap();
+        }
+        child.wait().unwrap();
+
+        let store = open(&path, 8);
+        // An unacknowledged write either committed whole or not at all; which, the rows say.
+        for (id, w) in inserting {
+            if store.get(id).is_ok() {
+                acked.insert(id, w);
+            }
+        }
+        for id in deleting {
+            if store.get(id).is_err() {
+                acked.remove(&id);
+                deleted.insert(id);
+            }
+        }
+        for (id, w) in rewriting {
+            if store.get(id).unwrap().content == format!("note {w}") {
+                acked.insert(id, w);
+            }
+        }
+        assert_eq!(
+            store.stats().unwrap().total,
+            acked.len(),
+            "round {round}: rows other than the acknowledged ones"
+        );
+        for (id, w) in &acked {
+            let m = store
+                .get(*id)
+                .unwrap_or_else(|e| panic!("round {round}: acknowledged {id} lost: {e}"));
+            assert_eq!(m.content, format!("note {w}"), "round {round}");
+            let found: Vec<MemoryId> = store
+                .search_keyword(w, 5, &Filter::all())
+                .unwrap()
+                .into_iter()
+                .map(|h| h.memory.id)
+                .collect();
+            assert_eq!(found, [*id], "round {round}: keyword {w}");
+        }
+        for id in &deleted {
+            assert!(
+                matches!(store.get(*id), Err(StoreError::NotFound { .. })),
+                "round {round}: deleted {id} is back"
+            );
+        }
+        // The FTS index itself (not only what joins to a row) names exactly the rows that
+        // hold each word, for every word ever written.
+        let c = rusqlite::Connection::open(&path).unwrap();
+        {
+            let mut in_fts = c
+                .prepare(
+                    "SELECT rowid FROM memories_fts WHERE memories_fts MATCH ?1 ORDER BY rowid",
+                )
+                .unwrap();
+            let mut in_rows = c
+                .prepare("SELECT rid FROM memories WHERE content = ?1 ORDER BY rid")
+                .unwrap();
+            for w in &words {
+                let fts: Vec<i64> = in_fts
+                    .query_map([format!("\"{w}\"")], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect();
+                let rows: Vec<i64> = in_rows
+                    .query_map([format!("note {w}")], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect();
+                assert_eq!(fts, rows, "round {round}: keyword entries of {w}");
+            }
+        }
+        c.execute(
+            "INSERT INTO memories_fts (memories_fts, rank) VALUES ('integrity-check', 1)",
+            [],
+        )
+        .unwrap_or_else(|e| panic!("round {round}: FTS5 integrity check: {e}"));
+        drop(c);
+        store.close().unwrap();
+    }
+    assert!(
+        acked.len() > 200,
+        "the child wrote {} memories",
+        acked.len()
+    );
+    assert!(
+        deleted.len() > 10,
+        "the child deleted {} memories",
+        deleted.len()
     );
 }
 
