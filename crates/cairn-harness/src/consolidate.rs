@@ -40,6 +40,9 @@ use crate::harness::blocking;
 use crate::text::content_words;
 use crate::{HarnessError, MemoryHarness, Result};
 
+/// The metadata key of a summary consolidation wrote: what wrote it (its summarizer).
+pub(crate) const CONSOLIDATION_KEY: &str = "consolidation";
+
 /// What a consolidation pass does; build with [`ConsolidationPolicy::older_than`].
 #[derive(Debug, Clone)]
 pub struct ConsolidationPolicy {
@@ -652,7 +655,7 @@ impl MemoryHarness {
         };
         let mut metadata = cairn_core::Metadata::new();
         metadata.insert(
-            "consolidation".into(),
+            CONSOLIDATION_KEY.into(),
             serde_json::json!({ "summarizer": self.inner.summarizer.name() }),
         );
         let keywords = summary_keywords(&text, stats.as_deref().unwrap_or(&TermStats::new()), 8);
@@ -807,7 +810,7 @@ impl MemoryHarness {
         .await?;
         let mut metadata = unit.metadata.clone();
         metadata.insert(
-            "consolidation".into(),
+            CONSOLIDATION_KEY.into(),
             serde_json::json!({ "summarizer": self.inner.summarizer.name() }),
         );
         let keywords = summary_keywords(&text, stats.as_deref().unwrap_or(&TermStats::new()), 8);

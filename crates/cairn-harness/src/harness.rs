@@ -257,6 +257,7 @@ pub struct HarnessBuilder {
     cache: bool,
     cache_capacity: usize,
     configure: Option<StoreOptionsFn>,
+    reembed: bool,
 }
 
 impl HarnessBuilder {
@@ -311,6 +312,19 @@ impl HarnessBuilder {
         self
     }
 
+    /// When the SQLite store was built with another model (or dimension): re-embed every
+    /// memory with this builder's embedder before opening it, instead of failing with
+    /// [`cairn_store::StoreError::ModelMismatch`]. The summaries consolidation wrote get
+    /// their vector as it writes them (the mean of their text's and their sources'
+    /// centroid), the others their text's. One transaction: a failure (the model's, say)
+    /// leaves the store on its old model, and nothing is lost either way. On PostgreSQL a
+    /// store of another model is `Unsupported` for now. Default: off (a mismatch is an
+    /// error).
+    pub fn reembed(mut self, on: bool) -> Self {
+        self.reembed = on;
+        self
+    }
+
     /// Adjusts any other store option (read pool, thresholds, synchronous mode).
     pub fn store_options(mut self, f: impl FnOnce(&mut StoreOptions) + Send + 'static) -> Self {
         self.configure = Some(Box::new(f));
@@ -330,6 +344,7 @@ impl HarnessBuilder {
             cache,
             cache_capacity,
             configure,
+            reembed,
         } = self;
         let base: Arc<dyn Embedder> = match embedder {
             Some(e) => e,
@@ -346,7 +361,15 @@ impl HarnessBuilder {
                     if let Some(schema) = schema {
                         options = options.schema(schema);
                     }
-                    let store = blocking(move || cairn_pg::PgStore::open(options)).await??;
+                    let store = match blocking(move || cairn_pg::PgStore::open(options)).await? {
+                        Err(cairn_store::StoreError::ModelMismatch { .. }) if reembed => {
+                            return Err(HarnessError::Store(cairn_store::StoreError::Unsupported {
+                                backend: "postgres",
+                                what: "re-embedding a store built with another model",
+                            }))
+                        }
+                        r => r?,
+                    };
                     (Arc::new(store), None, location)
                 }
                 #[cfg(not(feature = "postgres"))]
@@ -364,7 +387,37 @@ impl HarnessBuilder {
                         f(&mut options);
                     }
                     let store_path = path.clone();
-                    let store = blocking(move || Store::open(store_path, options)).await??;
+                    let reopen = options.clone();
+                    let store = match blocking(move || Store::open(store_path, options)).await? {
+                        Err(cairn_store::StoreError::ModelMismatch {
+                            stored_model,
+                            stored_dim,
+                            ..
+                        }) if reembed => {
+                            let (store_path, e) = (path.clone(), base.clone());
+                            blocking(move || {
+                                let mut old = reopen.clone();
+                                old.model_id.clone_from(&stored_model);
+                                old.dim = stored_dim;
+                                tracing::info!(
+                                    from = %stored_model,
+                                    to = %e.model_id(),
+                                    "re-embedding the store with the new model"
+                                );
+                                Store::reembed_blending(
+                                    &store_path,
+                                    old,
+                                    e.model_id(),
+                                    e.dim(),
+                                    |texts| e.embed_checked(texts).map_err(|x| x.to_string()),
+                                    |m| m.contains_key(crate::consolidate::CONSOLIDATION_KEY),
+                                )?;
+                                Store::open(store_path, reopen)
+                            })
+                            .await??
+                        }
+                        r => r?,
+                    };
                     let location = path.display().to_string();
                     (Arc::new(store.clone()), Some(store), location)
                 }
@@ -508,6 +561,7 @@ impl MemoryHarness {
             cache: true,
             cache_capacity: cairn_embed::DEFAULT_CACHE_CAPACITY,
             configure: None,
+            reembed: false,
         }
     }
 

@@ -1294,3 +1294,187 @@ fn the_model_runs_off_the_runtime_thread() {
         seen.len()
     );
 }
+
+/// Another model: the hash embedder under another name, at its own dimension, failing on
+/// texts that contain `fails_on` when given.
+struct Other(HashEmbedder, Option<&'static str>);
+
+impl Embedder for Other {
+    fn model_id(&self) -> &str {
+        "another-model"
+    }
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+        if let Some(f) = self.1 {
+            if texts.iter().any(|t| t.contains(f)) {
+                return Err(cairn_core::EmbedError::Inference("the model failed".into()));
+            }
+        }
+        self.0.embed(texts)
+    }
+}
+
+/// A store opened with another model is a typed error, unless the builder asks to re-embed:
+/// then every memory gets the new model's vector of its text, but the summaries that
+/// consolidation wrote, which get the mean of their text's and their sources' centroid as
+/// consolidation writes them (roll-ups of their sources' new vectors); nothing else
+/// changes, and search finds by the new model. A model that fails midway leaves the store on
+/// the old model, every vector as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_model_is_an_error_unless_the_store_is_reembedded() {
+    use cairn_harness::ConsolidationPolicy;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.db");
+    let mem = open(&dir, hash()).await;
+    let t = ThreadId::new("t").unwrap();
+    let t0 = utc("2024-03-01T09:00:00Z");
+    let turns: Vec<NewMemory> = (0..60i64)
+        .map(|i| {
+            NewMemory::conversational(
+                t.clone(),
+                Role::User,
+                format!("turn {i}: the heron waded past reed number {}", i * 7),
+            )
+            .at(t0 + chrono::Duration::minutes(i))
+        })
+        .collect();
+    let ids = mem.add_many(turns).await.unwrap();
+    mem.add_knowledge("Herons nest in colonies called heronries.")
+        .await
+        .unwrap();
+    let report = mem
+        .consolidate(
+            ConsolidationPolicy::older_than(std::time::Duration::ZERO)
+                .max_age(std::time::Duration::ZERO),
+        )
+        .await
+        .unwrap();
+    assert!(report.summaries.len() >= 3, "{report:?}");
+    let manual = mem
+        .add_summary("Heron notes, written by hand.", &ids[..4], Some("t"))
+        .await
+        .unwrap();
+    let all = |m: &MemoryHarness| {
+        let store = m.sqlite().unwrap().clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let units = store.scan(&Filter::all(), 0, 10_000).unwrap();
+                units
+                    .into_iter()
+                    .map(|u| {
+                        let v = store.embedding(u.id).unwrap();
+                        (u, v)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let before = all(&mem).await;
+    mem.close().await.unwrap();
+
+    let other = || Arc::new(Other(HashEmbedder::new(48), None)) as Arc<dyn Embedder>;
+    // Without asking: the store's own model is named.
+    let err = MemoryHarness::builder(&path)
+        .embedder(other())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HarnessError::Store(StoreError::ModelMismatch {
+                stored_dim: 64,
+                requested_dim: 48,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    // A model that fails midway: an error, and the store as it was.
+    let failing = Arc::new(Other(HashEmbedder::new(48), Some("reed number 301")));
+    let err = MemoryHarness::builder(&path)
+        .embedder(failing)
+        .reembed(true)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("the model failed"), "{err}");
+    let mem = open(&dir, hash()).await;
+    assert_eq!(all(&mem).await, before);
+    mem.close().await.unwrap();
+
+    // Asked to: re-embedded.
+    let mem = MemoryHarness::builder(&path)
+        .embedder(other())
+        .reembed(true)
+        .build()
+        .await
+        .unwrap();
+    let after = all(&mem).await;
+    assert_eq!(after.len(), before.len());
+    let e = other();
+    let mut blended = 0;
+    let new_vector: HashMap<MemoryId, Vec<f32>> =
+        after.iter().map(|(u, v)| (u.id, v.clone())).collect();
+    for ((u, v), (was, _)) in after.iter().zip(&before) {
+        assert_eq!(u, was, "the memory itself is unchanged");
+        assert_eq!(v.len(), 48);
+        let text = e.embed_one(&u.content).unwrap();
+        if u.metadata.contains_key("consolidation") {
+            let sources = mem.expand_summary(u.id).await.unwrap();
+            let mut centroid = vec![0f32; 48];
+            for s in &sources {
+                for (c, x) in centroid.iter_mut().zip(&new_vector[&s.id]) {
+                    *c += x;
+                }
+            }
+            let centroid = cairn_core::normalized(centroid).unwrap();
+            let want =
+                cairn_core::normalized(text.iter().zip(&centroid).map(|(a, b)| a + b).collect())
+                    .unwrap();
+            assert!(
+                v.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5),
+                "{}",
+                u.content
+            );
+            assert!(v.iter().zip(&text).any(|(a, b)| (a - b).abs() > 1e-3));
+            blended += 1;
+        } else {
+            assert!(
+                v.iter().zip(&text).all(|(a, b)| (a - b).abs() < 1e-5),
+                "{}",
+                u.content
+            );
+        }
+    }
+    assert_eq!(blended, report.summaries.len());
+    assert!(after.iter().any(|(u, _)| u.id == manual));
+    let hits = mem
+        .search(
+            "turn 17: the heron waded past reed number 119",
+            SearchOptions {
+                mode: SearchMode::Vector,
+                k: Some(1),
+                ..SearchOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(hits[0].memory.id, ids[17]);
+    assert!(mem.sqlite().unwrap().check_index().unwrap().is_consistent());
+    mem.close().await.unwrap();
+    // The store is the new model's now.
+    let err = MemoryHarness::builder(&path)
+        .embedder(hash())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, HarnessError::Store(StoreError::ModelMismatch { .. })),
+        "{err}"
+    );
+}

@@ -2372,7 +2372,23 @@ impl Store {
         old: StoreOptions,
         new_model_id: &str,
         new_dim: usize,
+        embed: impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+    ) -> Result<()> {
+        Self::reembed_blending(path, old, new_model_id, new_dim, embed, |_| false)
+    }
+
+    /// [`Self::reembed`], where the summaries `blends` picks (by their metadata) get the
+    /// vector of a summary that stands for its sources too: the mean of its text's new
+    /// vector and its sources' new centroid (each unit length), as consolidation writes
+    /// them; the lowest levels first, so a roll-up's centroid is of its sources' blended
+    /// vectors. All in the one transaction: a failure leaves the store on the old model.
+    pub fn reembed_blending(
+        path: impl AsRef<Path>,
+        old: StoreOptions,
+        new_model_id: &str,
+        new_dim: usize,
         mut embed: impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+        blends: impl Fn(&Metadata) -> bool,
     ) -> Result<()> {
         let path = path.as_ref();
         {
@@ -2406,6 +2422,7 @@ impl Store {
                 )?;
             }
         }
+        blend_summaries(&tx, blends)?;
         tx.execute(
             "UPDATE store_meta SET value = ?1 WHERE key = 'model_id'",
             params![new_model_id],
@@ -2421,6 +2438,58 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Gives the summaries `blends` picks the mean of their own vector and their sources'
+/// centroid (see [`Store::reembed_blending`]), lowest level first.
+fn blend_summaries(tx: &Transaction<'_>, blends: impl Fn(&Metadata) -> bool) -> Result<()> {
+    let summaries: Vec<(i64, Option<String>)> = {
+        let mut stmt = tx.prepare(
+            "SELECT rid, metadata FROM memories WHERE kind = 'summary' ORDER BY level, rid",
+        )?;
+        let r = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        r
+    };
+    let mut own = tx.prepare("SELECT embedding FROM memories WHERE rid = ?1")?;
+    let mut sources = tx.prepare(
+        "SELECT m.embedding FROM summary_sources s JOIN memories m ON m.rid = s.source \
+         WHERE s.summary = ?1",
+    )?;
+    for (rid, metadata) in summaries {
+        let metadata: Metadata = match metadata.as_deref() {
+            Some(json) => serde_json::from_str(json).map_err(|e| {
+                StoreError::Config(format!("summary {rid}: its metadata does not parse: {e}"))
+            })?,
+            None => Metadata::new(),
+        };
+        if !blends(&metadata) {
+            continue;
+        }
+        let text = decode_vector(&own.query_row(params![rid], |r| r.get::<_, Vec<u8>>(0))?);
+        let mut centroid = vec![0f32; text.len()];
+        let mut rows = sources.query(params![rid])?;
+        while let Some(r) = rows.next()? {
+            let v = decode_vector(&r.get::<_, Vec<u8>>(0)?);
+            for (c, x) in centroid.iter_mut().zip(&v) {
+                *c += x;
+            }
+        }
+        let Ok(centroid) = cairn_core::normalized(centroid) else {
+            continue;
+        };
+        let Ok(v) =
+            cairn_core::normalized(text.iter().zip(&centroid).map(|(a, b)| a + b).collect())
+        else {
+            continue;
+        };
+        tx.execute(
+            "UPDATE memories SET embedding = ?2 WHERE rid = ?1",
+            params![rid, encode_vector(&v)],
+        )?;
+    }
+    Ok(())
 }
 
 /// Starts a write transaction that takes the write lock at once (`BEGIN IMMEDIATE`): a
