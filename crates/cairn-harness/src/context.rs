@@ -68,7 +68,10 @@ pub struct ContextItem {
     /// role and metadata `speaker`) said the same words, oldest first: on every other day
     /// they were said when the days fit in the budget, else on the days nearest the turn's
     /// own, and on each day named (the turn's own too) the earliest such turns, up to four
-    /// a day with the turn itself (the words said twice in a day, a message re-sent). The
+    /// a day with the turn itself (the words said twice in a day, a message re-sent). These
+    /// are the copies the vector index holds of the text; a day the line gains afterwards,
+    /// when another copy of its text comes up as a candidate, names that turn alone (on
+    /// PostgreSQL, whose backend does not look copies up, every day is named so). The
     /// context shows the text once, under a header that names all these days (shared with
     /// the other texts said on the same days), so repeated texts do not crowd out the rest,
     /// and no day the context names is lost.
@@ -83,7 +86,7 @@ impl ContextItem {
     }
 }
 
-/// Another turn with the same words as a recalled one, on another day (see
+/// Another turn with the same words as a recalled one, on another day or the same (see
 /// [`ContextItem::repeats`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Repeat {
@@ -1352,6 +1355,7 @@ fn assemble_with(
         recount = read_repeats(
             inner,
             &mut recalled,
+            &line_days,
             &line_copies_taken,
             copy_rows,
             &recent_ids,
@@ -1404,6 +1408,11 @@ const COPIES_TRIED: usize = 2;
 /// are the same line under the same header, and the line stands for them by id; a message
 /// re-sent all day long is named by its first turns, so one line does not read hundreds.
 const COPIES_A_DAY: usize = 4;
+
+/// How many turns of one day with a recalled line's words are read to name
+/// [`COPIES_A_DAY`] of them: another speaker's same words hold the same vector, and are
+/// passed over when their rows are read (see [`read_repeats`]).
+const COPIES_READ_A_DAY: usize = 2 * COPIES_A_DAY;
 
 /// The ranked turns `ranked` (best first) to try, up to [`MAX_TRIED`] distinct texts: of
 /// the copies of a text (the same words stored again, which hold the same vector; told by
@@ -1460,7 +1469,8 @@ fn line_copies(
     let day = m.created_at.date_naive();
     let said = texts.days(&m.content);
     // The copies on the days the words are not in the context on yet, the earliest
-    // [`COPIES_A_DAY`] a day (the line's own counts on its day).
+    // [`COPIES_READ_A_DAY`] a day (the line's own counts on its day): `read_repeats` names
+    // the same speaker's among them, up to [`COPIES_A_DAY`] a day.
     let mut others: Vec<(u64, DateTime<Utc>)> = inner
         .store
         .copies_of(vid, turns)?
@@ -1472,7 +1482,7 @@ fn line_copies(
     others.retain(|(_, at)| {
         let n = a_day.entry(at.date_naive()).or_default();
         *n += 1;
-        *n <= COPIES_A_DAY
+        *n <= COPIES_READ_A_DAY
     });
     if others.is_empty() {
         return Ok(None);
@@ -1549,7 +1559,7 @@ impl SaidOn {
 }
 
 /// A recalled line's days (oldest first), their header's count, and the index ids of the
-/// copies of its text said on the days other than its own.
+/// copies of its text said on those days (its own day too) that are read to be named.
 struct LineDays {
     days: Vec<NaiveDate>,
     count: DaysCount,
@@ -1638,40 +1648,52 @@ fn reading_copies<R>(
 /// the same words from the same speaker (the same role and metadata `speaker`), and neither
 /// a recent turn nor hidden: another speaker's same words (they embed alike when the
 /// speaker is not in the text) or a turn superseded since the index was read are left out,
-/// as is a copy whose row is gone. Returns whether one was (the line then names fewer days
-/// than were counted).
+/// as is a copy whose row is gone. Of those left, a line names the earliest of each day, up
+/// to [`COPIES_A_DAY`] turns a day with its own and those it names already. Returns whether
+/// a line now names other days than `line_days` (the days it was counted with while
+/// packing: a day all of whose copies were left out).
 fn read_repeats(
     inner: &Inner,
     recalled: &mut [ContextItem],
+    line_days: &[(Vec<NaiveDate>, DaysCount)],
     copies: &[Vec<u64>],
     mut rows: HashMap<u64, MemoryUnit>,
     recent: &HashSet<MemoryId>,
 ) -> bool {
-    let n: usize = copies.iter().map(Vec::len).sum();
     let now = inner.clock.now();
-    let mut kept = 0;
-    for (it, vids) in recalled.iter_mut().zip(copies) {
-        for vid in vids {
-            let Some(c) = rows.remove(vid) else {
-                continue;
-            };
-            if c.content == it.content
-                && c.role == it.role
-                && c.speaker() == it.metadata.get("speaker").and_then(|s| s.as_str())
-                && !recent.contains(&c.id)
-                && !hidden(&c, now)
-            {
+    let mut other_days = false;
+    for ((it, vids), (days, _)) in recalled.iter_mut().zip(copies).zip(line_days) {
+        let mut same: Vec<MemoryUnit> = vids
+            .iter()
+            .filter_map(|v| rows.remove(v))
+            .filter(|c| {
+                c.content == it.content
+                    && c.role == it.role
+                    && c.speaker() == it.metadata.get("speaker").and_then(|s| s.as_str())
+                    && !recent.contains(&c.id)
+                    && !hidden(c, now)
+            })
+            .collect();
+        same.sort_by_key(|c| c.created_at);
+        let mut a_day: HashMap<NaiveDate, usize> = HashMap::new();
+        for t in std::iter::once(it.created_at).chain(it.repeats.iter().map(|r| r.created_at)) {
+            *a_day.entry(t.date_naive()).or_default() += 1;
+        }
+        for c in same {
+            let n = a_day.entry(c.created_at.date_naive()).or_default();
+            if *n < COPIES_A_DAY {
+                *n += 1;
                 it.repeats.push(Repeat {
                     id: c.id,
                     created_at: c.created_at,
                     metadata: c.metadata,
                 });
-                kept += 1;
             }
         }
         it.repeats.sort_by_key(|r| r.created_at);
+        other_days |= item_days(it) != *days;
     }
-    kept < n
+    other_days
 }
 
 /// A turn ranked for recall: index id, score, time.

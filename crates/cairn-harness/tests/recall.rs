@@ -591,6 +591,18 @@ async fn repeated_texts_are_recalled_once_a_day() {
         .chain(line.repeats.iter().map(|r| r.id))
         .collect();
     assert_eq!(ids.len(), 5);
+    // The line's own turn is of day 0, and the others of that day are the earliest three
+    // besides it (every 20 minutes from midnight).
+    assert_eq!(line.created_at.date_naive(), t0.date_naive());
+    let mut earliest: Vec<chrono::DateTime<chrono::Utc>> = (0..4)
+        .map(|k| t0 + chrono::Duration::minutes(20 * k))
+        .filter(|t| *t != line.created_at)
+        .take(3)
+        .collect();
+    earliest.push(later);
+    let others: Vec<chrono::DateTime<chrono::Utc>> =
+        line.repeats.iter().map(|r| r.created_at).collect();
+    assert_eq!(others, earliest, "{}", ctx.render());
     // Each repeat is a turn with those words at that time, by id, oldest first.
     for (n, r) in line.repeats.iter().enumerate() {
         let other = mem.get(r.id).await.unwrap();
@@ -646,6 +658,16 @@ async fn repeats_fold_into_one_line_within_any_budget() {
             let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(14);
             turns.push(NewMemory::conversational(thread.clone(), Role::Assistant, daily[0]).at(at));
         }
+        // The assistant says the walk's words early on day 9 (before the user's turns of
+        // that day: they hold the same vector, and are not the user's line's).
+        if day == 9 {
+            for k in 0..3 {
+                let at = t0 + chrono::Duration::days(day) + chrono::Duration::hours(1 + k);
+                turns.push(
+                    NewMemory::conversational(thread.clone(), Role::Assistant, daily[1]).at(at),
+                );
+            }
+        }
         // The walk re-sent the same day, once every fourth day, and six times on day 9.
         let resent = match day {
             9 => 6,
@@ -683,6 +705,7 @@ async fn repeats_fold_into_one_line_within_any_budget() {
     }
     mem.add_many(turns).await.unwrap();
     let mut resent_named = 0;
+    let mut four_named = 0;
     let mut folded = 0;
     let mut across_years = 0;
     for budget in (30..=600).step_by(19) {
@@ -719,6 +742,7 @@ async fn repeats_fold_into_one_line_within_any_budget() {
                 let all = said[&(i.content.clone(), i.role, *d)];
                 assert_eq!(*n, all.min(4), "{} on {d}: {}", i.content, ctx.render());
                 resent_named += usize::from(*n > 1);
+                four_named += usize::from(*n == 4);
             }
             folded += i.repeats.len();
             if i.repeats.first().map(|r| r.created_at.year())
@@ -731,6 +755,7 @@ async fn repeats_fold_into_one_line_within_any_budget() {
     assert!(folded > 0, "no repeats folded at any budget");
     assert!(across_years > 0, "no line named days of two years");
     assert!(resent_named > 0, "no line named a day's re-sent turns");
+    assert!(four_named > 0, "no line named four turns of a day");
 }
 
 /// A thread that repeats its texts (a diary said again on many days): the copies of a text
@@ -854,4 +879,103 @@ async fn a_repeated_text_is_one_line_naming_all_its_days() {
             "{rendered}"
         );
     }
+}
+
+/// Seeded random diaries: texts said on random days of three months, some days more than
+/// once, read back at many budgets on both recall paths: every day a line names, it names
+/// every turn of that day with its words, up to four, and the count of the context is
+/// exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_day_a_line_names_brings_its_turns() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir).await;
+    let texts = [
+        "Watered the roses in the back garden this morning.",
+        "Pulled weeds from the vegetable bed by the fence.",
+        "The garden tomatoes are finally turning red.",
+        "Planted tulip bulbs along the garden path.",
+        "Spotted a hedgehog under the garden shed.",
+        "Mowed the lawn and raked the garden leaves.",
+    ];
+    let mut checked = 0;
+    for seed in 0..4u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let thread = ThreadId::new(format!("garden-{seed}")).unwrap();
+        // 2023-10-20: the days cross into November and December.
+        let t0 = chrono::DateTime::from_timestamp(1_697_760_000, 0).unwrap();
+        let mut turns = Vec::new();
+        for text in texts {
+            for _ in 0..rng.random_range(4..14) {
+                let day = rng.random_range(0..75i64);
+                for k in 0..rng.random_range(1..4i64) {
+                    let at = t0
+                        + chrono::Duration::days(day)
+                        + chrono::Duration::minutes(rng.random_range(0..600) + 600 * k);
+                    turns.push(NewMemory::conversational(thread.clone(), Role::User, text).at(at));
+                }
+            }
+        }
+        for n in 0..60i64 {
+            let at = t0 + chrono::Duration::days(n) + chrono::Duration::hours(23);
+            turns.push(
+                NewMemory::conversational(
+                    thread.clone(),
+                    Role::User,
+                    format!("Day {n}: nothing else to note."),
+                )
+                .at(at),
+            );
+        }
+        turns.push(
+            NewMemory::conversational(thread.clone(), Role::User, "Good night.")
+                .at(t0 + chrono::Duration::days(90)),
+        );
+        let mut said: HashMap<(String, chrono::NaiveDate), usize> = HashMap::new();
+        for t in &turns {
+            *said
+                .entry((t.content.clone(), t.created_at.unwrap().date_naive()))
+                .or_default() += 1;
+        }
+        mem.add_many(turns).await.unwrap();
+        for bounded_above in [0, usize::MAX] {
+            let options = ContextOptions {
+                bounded_above,
+                ..ContextOptions::default()
+            };
+            for budget in (40..=400).step_by(9) {
+                let ctx = mem
+                    .assemble_context_with(
+                        thread.as_str(),
+                        "What have I been doing in the garden?",
+                        budget,
+                        options,
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(ctx.tokens, exact_tokens(&mem, &ctx), "budget {budget}");
+                assert!(ctx.tokens <= budget);
+                for i in ctx.items.iter().filter(|i| i.section == Section::Recalled) {
+                    let mut days: HashMap<chrono::NaiveDate, usize> = HashMap::new();
+                    for t in
+                        std::iter::once(i.created_at).chain(i.repeats.iter().map(|r| r.created_at))
+                    {
+                        *days.entry(t.date_naive()).or_default() += 1;
+                    }
+                    for (d, n) in days {
+                        let all = said[&(i.content.clone(), d)];
+                        assert_eq!(
+                            n,
+                            all.min(4),
+                            "seed {seed}, budget {budget}: {} on {d}\n{}",
+                            i.content,
+                            ctx.render()
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "{checked} days checked");
 }

@@ -430,13 +430,14 @@ pub struct ContextItemOut {
     /// For summaries: what they summarize.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub source_ids: Vec<String>,
-    /// For a recalled turn: the turns that said the same words on other days (shown once,
-    /// with their dates), oldest first.
+    /// For a recalled turn: the other turns that said the same words (shown once, with
+    /// their dates): on other days, and on each day named up to four with its own, oldest
+    /// first.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub repeats: Vec<RepeatOut>,
 }
 
-/// A turn with the same words as a recalled one, on another day.
+/// A turn with the same words as a recalled one, on another day or the same.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct RepeatOut {
     /// Its memory id.

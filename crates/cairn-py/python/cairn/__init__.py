@@ -371,8 +371,9 @@ class MemoryHarness:
                          scope_where: Optional[dict] = None) -> dict:
         """The context for ``query`` in ``thread`` within ``budget`` tokens: summaries,
         recalled turns, recent turns (``items``), as ``text`` and as chat ``messages``.
-        A recalled item's ``repeats`` lists the turns that said the same words on other
-        days (id, date, metadata): the text is shown once, with those dates.
+        A recalled item's ``repeats`` lists the other turns that said the same words (id,
+        date, metadata), on other days and up to four a day with its own: the text is
+        shown once, with their days.
         ``scope`` (other threads) and ``scope_where`` (metadata, such as a user id) add
         related memories from beyond the thread."""
         return self._call("assemble_context", thread=thread, query=query, budget=budget,
