@@ -317,9 +317,13 @@ impl HarnessBuilder {
     /// [`cairn_store::StoreError::ModelMismatch`]. The summaries consolidation wrote get
     /// their vector as it writes them (the mean of their text's and their sources'
     /// centroid), the others their text's. One transaction: a failure (the model's, say)
-    /// leaves the store on its old model, and nothing is lost either way. On PostgreSQL a
-    /// store of another model is `Unsupported` for now. Default: off (a mismatch is an
-    /// error).
+    /// leaves the store on its old model, and nothing is lost either way. The write lock is
+    /// held while the model runs (minutes for a large store): other writers wait up to their
+    /// busy timeout (30 s), then fail as busy. A handle
+    /// still open on the old model (another process's) is refused with `ModelMismatch` at its
+    /// next search or write of a vector, and writes nothing; it reopens with the new model.
+    /// On PostgreSQL a store of another model is `Unsupported` for now. Default: off (a
+    /// mismatch is an error).
     pub fn reembed(mut self, on: bool) -> Self {
         self.reembed = on;
         self

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cairn_core::{Embedder, InputError, MemoryId, MemoryKind, NewMemory, Role, ThreadId};
@@ -1296,8 +1297,8 @@ fn the_model_runs_off_the_runtime_thread() {
 }
 
 /// Another model: the hash embedder under another name, at its own dimension, failing on
-/// texts that contain `fails_on` when given.
-struct Other(HashEmbedder, Option<&'static str>);
+/// texts that contain `fails_on` when given; counts the texts it embedded.
+struct Other(HashEmbedder, Option<&'static str>, AtomicUsize);
 
 impl Embedder for Other {
     fn model_id(&self) -> &str {
@@ -1312,6 +1313,7 @@ impl Embedder for Other {
                 return Err(cairn_core::EmbedError::Inference("the model failed".into()));
             }
         }
+        self.2.fetch_add(texts.len(), Ordering::SeqCst);
         self.0.embed(texts)
     }
 }
@@ -1347,11 +1349,14 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
     let report = mem
         .consolidate(
             ConsolidationPolicy::older_than(std::time::Duration::ZERO)
-                .max_age(std::time::Duration::ZERO),
+                .max_age(std::time::Duration::ZERO)
+                .fanout(3),
         )
         .await
         .unwrap();
-    assert!(report.summaries.len() >= 3, "{report:?}");
+    // Three chunks of turns and their roll-up: a blend of blends is checked below.
+    assert!(report.chunks_per_level.get(&1) >= Some(&3), "{report:?}");
+    assert!(report.chunks_per_level.get(&2) >= Some(&1), "{report:?}");
     let manual = mem
         .add_summary("Heron notes, written by hand.", &ids[..4], Some("t"))
         .await
@@ -1376,7 +1381,8 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
     let before = all(&mem).await;
     mem.close().await.unwrap();
 
-    let other = || Arc::new(Other(HashEmbedder::new(48), None)) as Arc<dyn Embedder>;
+    let other =
+        || Arc::new(Other(HashEmbedder::new(48), None, AtomicUsize::new(0))) as Arc<dyn Embedder>;
     // Without asking: the store's own model is named.
     let err = MemoryHarness::builder(&path)
         .embedder(other())
@@ -1394,15 +1400,21 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
         ),
         "{err}"
     );
-    // A model that fails midway: an error, and the store as it was.
-    let failing = Arc::new(Other(HashEmbedder::new(48), Some("reed number 301")));
+    // A model that fails midway (on the summary written by hand, the newest memory: after
+    // the first batch of 64 was embedded and written): an error, and the store as it was.
+    let failing = Arc::new(Other(
+        HashEmbedder::new(48),
+        Some("written by hand"),
+        AtomicUsize::new(0),
+    ));
     let err = MemoryHarness::builder(&path)
-        .embedder(failing)
+        .embedder(failing.clone())
         .reembed(true)
         .build()
         .await
         .unwrap_err();
     assert!(err.to_string().contains("the model failed"), "{err}");
+    assert!(failing.2.load(Ordering::SeqCst) >= 64);
     let mem = open(&dir, hash()).await;
     assert_eq!(all(&mem).await, before);
     mem.close().await.unwrap();

@@ -204,7 +204,7 @@ pub fn migrate(conn: &mut Connection, options: &StoreOptions) -> Result<()> {
     check_identity(conn, options)
 }
 
-fn check_identity(conn: &Connection, options: &StoreOptions) -> Result<()> {
+pub(crate) fn check_identity(conn: &Connection, options: &StoreOptions) -> Result<()> {
     let get = |key: &str| -> Result<Option<String>> {
         Ok(conn
             .query_row(

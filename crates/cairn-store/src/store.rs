@@ -694,7 +694,9 @@ impl Store {
     }
 
     /// Catches the index up with other handles' committed writes when there are any: one
-    /// indexed look-up in the index log when there are none.
+    /// indexed look-up in the index log when there are none. The same statement reads the
+    /// store's model: a store another handle re-embedded since this one opened is a
+    /// [`StoreError::ModelMismatch`] (this handle's vectors and queries are of the old model).
     fn sync(&self) -> Result<()> {
         let shared = &self.inner.shared;
         let seen = shared.seen.load(Ordering::SeqCst);
@@ -703,16 +705,24 @@ impl Store {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
-        let behind = rebuilt
-            || shared.resync.load(Ordering::SeqCst)
-            || self.read(|c| {
-                Ok(c.prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM index_log WHERE seq > ?1 AND origin != ?2) \
-                     OR COALESCE((SELECT CAST(value AS INTEGER) FROM store_meta \
-                                  WHERE key = 'index_log_pruned'), 0) > ?1",
-                )?
-                .query_row(params![seen, shared.origin], |r| r.get::<_, bool>(0))?)
-            })?;
+        let (log_behind, model, dim) = self.read(|c| {
+            Ok(c.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM index_log WHERE seq > ?1 AND origin != ?2) \
+                 OR COALESCE((SELECT CAST(value AS INTEGER) FROM store_meta \
+                              WHERE key = 'index_log_pruned'), 0) > ?1, \
+                 (SELECT value FROM store_meta WHERE key = 'model_id'), \
+                 (SELECT value FROM store_meta WHERE key = 'dim')",
+            )?
+            .query_row(params![seen, shared.origin], |r| {
+                Ok((
+                    r.get::<_, bool>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                ))
+            })?)
+        })?;
+        same_model(&shared.options, model, dim)?;
+        let behind = rebuilt || shared.resync.load(Ordering::SeqCst) || log_behind;
         if behind {
             // The writer thread applies them before any job.
             self.write(|_, _| Ok(()))?;
@@ -737,7 +747,7 @@ impl Store {
         let now = self.inner.shared.options.clock.now();
         let prepared = crate::backend::prepare_memories(items, self.inner.shared.options.dim, now)?;
         self.write(move |conn, shared| {
-            let tx = begin(conn)?;
+            let tx = begin_vectors(conn, shared)?;
             let mut out = Vec::with_capacity(prepared.len());
             let mut fresh = Vec::with_capacity(prepared.len());
             let mut vids = Vec::with_capacity(prepared.len());
@@ -910,7 +920,7 @@ impl Store {
         let v = self.prepare_vector(embedding)?;
         let now = self.inner.shared.options.clock.now();
         self.write(move |conn, shared| {
-            let tx = begin(conn)?;
+            let tx = begin_vectors(conn, shared)?;
             let summary_thread = summary.thread_id.as_ref().map(ThreadId::as_str);
             // (facts, whether the link is a continuation)
             let mut links = Vec::with_capacity(summary.source_ids.len() + 1);
@@ -1311,7 +1321,7 @@ impl Store {
         }
         let v = self.prepare_vector(embedding)?;
         self.write(move |conn, shared| {
-            let tx = begin(conn)?;
+            let tx = begin_vectors(conn, shared)?;
             let (rid, old_vid, old_content, kind): (i64, i64, String, String) = tx
                 .query_row(
                     "SELECT rid, vid, content, kind FROM memories WHERE id = ?1",
@@ -2367,6 +2377,13 @@ impl Store {
 
     /// Re-embeds every memory with a new model: `embed` is called with batches of contents.
     /// Afterwards the store belongs to `model_id`/`dim` (reopen with matching options).
+    ///
+    /// One transaction, holding the write lock while the model runs: other handles' writes
+    /// wait meanwhile, up to their busy timeout (30 s), then fail as busy. A handle still open on the old model after
+    /// the commit, in this process or another, is refused with
+    /// [`StoreError::ModelMismatch`] at its next search or write of a vector (its vectors
+    /// and queries are of the old model); it reopens with the new one. The new model must
+    /// differ from the old one in name or dimension (a [`StoreError::Config`] otherwise).
     pub fn reembed(
         path: impl AsRef<Path>,
         old: StoreOptions,
@@ -2391,12 +2408,18 @@ impl Store {
         blends: impl Fn(&Metadata) -> bool,
     ) -> Result<()> {
         let path = path.as_ref();
-        {
-            let store = Store::open(path, old.clone())?;
-            store.close()?;
+        old.validate()?;
+        if new_model_id == old.model_id && new_dim == old.dim {
+            return Err(StoreError::Config(format!(
+                "the store is already on model {new_model_id:?} ({new_dim} dimensions)"
+            )));
         }
-        let mut conn = open_rw(path, &old)?;
+        let mut conn = open_rw(path, &old).map_err(|e| not_a_db(path, e))?;
+        schema::migrate(&mut conn, &old).map_err(|e| not_a_db(path, e))?;
         let tx = begin(&mut conn)?;
+        // Under the write lock: still on the old model (another handle may have re-embedded
+        // it since the check above).
+        schema::check_identity(&tx, &old)?;
         let rows: Vec<(i64, String)> = {
             let mut stmt = tx.prepare("SELECT rid, content FROM memories ORDER BY rid")?;
             let r = stmt
@@ -2431,11 +2454,13 @@ impl Store {
             "UPDATE store_meta SET value = ?1 WHERE key = 'dim'",
             params![new_dim.to_string()],
         )?;
-        tx.commit()?;
+        // The index snapshot holds the old vectors: gone before the commit, so a failure
+        // here leaves the store on the old model (its next open rebuilds the index).
         let snap = snapshot_dir(path);
         if snap.exists() {
             std::fs::remove_dir_all(snap)?;
         }
+        tx.commit()?;
         Ok(())
     }
 }
@@ -2490,6 +2515,37 @@ fn blend_summaries(tx: &Transaction<'_>, blends: impl Fn(&Metadata) -> bool) -> 
         )?;
     }
     Ok(())
+}
+
+/// `Ok` when the store's recorded model (`model`, `dim` as `store_meta` holds them) is
+/// `options`' own, else the [`StoreError::ModelMismatch`] naming both.
+fn same_model(options: &StoreOptions, model: Option<String>, dim: Option<String>) -> Result<()> {
+    let stored_dim = dim.as_deref().and_then(|d| d.parse().ok()).unwrap_or(0);
+    match model {
+        Some(m) if m == options.model_id && stored_dim == options.dim => Ok(()),
+        m => Err(StoreError::ModelMismatch {
+            stored_model: m.unwrap_or_default(),
+            stored_dim,
+            requested_model: options.model_id.clone(),
+            requested_dim: options.dim,
+        }),
+    }
+}
+
+/// [`begin`] for a transaction that writes vectors: also checks, under the write lock, that
+/// the store is still on this handle's model. Another handle (another process, say) may have
+/// re-embedded it with a new model since this one opened ([`Store::reembed`]); a vector of
+/// the old model written now would be of the wrong model, or dimension, among the new ones.
+fn begin_vectors<'c>(conn: &'c mut Connection, shared: &Shared) -> Result<Transaction<'c>> {
+    let tx = begin(conn)?;
+    let (model, dim) = tx
+        .prepare_cached(
+            "SELECT (SELECT value FROM store_meta WHERE key = 'model_id'), \
+                    (SELECT value FROM store_meta WHERE key = 'dim')",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    same_model(&shared.options, model, dim)?;
+    Ok(tx)
 }
 
 /// Starts a write transaction that takes the write lock at once (`BEGIN IMMEDIATE`): a
@@ -3022,13 +3078,20 @@ fn summary_rid(conn: &Connection, id: MemoryId) -> Result<i64> {
     Ok(rid)
 }
 
-fn ancestor_rids(conn: &Connection, rid: i64) -> Result<Vec<i64>> {
-    let mut stmt = conn.prepare_cached(
-        "WITH RECURSIVE up(r) AS (
+/// Every summary above a memory (`?1`, its rid), through every level: each step up is a
+/// look-up in `summary_sources_source`.
+const ANCESTOR_RIDS: &str = "WITH RECURSIVE up(r) AS (
             SELECT summary FROM summary_sources WHERE source = ?1
             UNION SELECT l.summary FROM summary_sources l JOIN up ON l.source = up.r)
-         SELECT r FROM up",
-    )?;
+         SELECT r FROM up";
+
+/// The summaries citing a memory (`?1`, its rid), with their ids.
+const CITING_IDS: &str =
+    "SELECT m.rid, m.id FROM summary_sources l JOIN memories m ON m.rid = l.summary
+         WHERE l.source = ?1 ORDER BY m.rid";
+
+fn ancestor_rids(conn: &Connection, rid: i64) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare_cached(ANCESTOR_RIDS)?;
     let out = stmt
         .query_map(params![rid], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
@@ -3036,10 +3099,7 @@ fn ancestor_rids(conn: &Connection, rid: i64) -> Result<Vec<i64>> {
 }
 
 fn citing_ids(conn: &Connection, rid: i64) -> Result<Vec<(i64, MemoryId)>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT m.rid, m.id FROM summary_sources l JOIN memories m ON m.rid = l.summary
-         WHERE l.source = ?1 ORDER BY m.rid",
-    )?;
+    let mut stmt = conn.prepare_cached(CITING_IDS)?;
     let out = stmt
         .query_map(params![rid], |r| {
             Ok((r.get(0)?, MemoryId::from_bytes(r.get(1)?)))
@@ -3372,7 +3432,7 @@ fn fts_query(text: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{fts_query, keyword_statement, Store, Visibility};
+    use super::{fts_query, keyword_statement, Store, Visibility, ANCESTOR_RIDS, CITING_IDS};
     use crate::{Filter, MetaFilter, StoreOptions};
     use cairn_core::{MemoryKind, ThreadId};
     use chrono::{TimeZone, Utc};
@@ -3412,6 +3472,38 @@ mod tests {
                     .iter()
                     .any(|p| p.contains("COVERING INDEX memories_rid_filter"));
                 assert_eq!(index_alone, covered, "{filter:?} {plan:?}");
+            }
+        }
+    }
+
+    /// The way up from a source (back-links, ancestors, the summaries a delete or an update
+    /// touches) is a look-up in `summary_sources_source`, never a scan of the links: its
+    /// cost does not grow with the store.
+    #[test]
+    fn back_links_are_looked_up_by_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("b.db"), StoreOptions::new("m", 4)).unwrap();
+        for sql in [ANCESTOR_RIDS, CITING_IDS] {
+            let plan: Vec<String> = store
+                .read(|c| {
+                    Ok(c.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?
+                        .query_map([1i64], |r| r.get(3))?
+                        .collect::<rusqlite::Result<_>>()?)
+                })
+                .unwrap();
+            let on_links: Vec<&String> = plan
+                .iter()
+                .filter(|p| {
+                    let table = p.split_whitespace().nth(1);
+                    matches!(table, Some("l" | "summary_sources"))
+                })
+                .collect();
+            assert!(!on_links.is_empty(), "{plan:?}");
+            for p in &on_links {
+                assert!(
+                    p.contains("INDEX summary_sources_source (source=?)"),
+                    "{sql}: {plan:?}"
+                );
             }
         }
     }

@@ -478,6 +478,110 @@ fn reembedding_changes_the_model_identity() {
     assert_eq!(hits[0].memory.id, a.id);
 }
 
+/// A handle left open on the old model while another re-embeds the store (the same file,
+/// its own connections, as another process would) is refused at its next write of a vector
+/// (checked under the write lock, so a re-embedding committed after the handle last synced
+/// is seen) and at its next search, and writes nothing; a re-embedding of a store no longer
+/// on the model it names, or onto the model it is on, is refused as well.
+#[test]
+fn a_handle_on_the_old_model_is_refused_after_a_reembedding() {
+    let dir = tmp();
+    let path = dir.path().join("stale.db");
+    let stale = open(&path, 4);
+    let a = stale
+        .insert(knowledge("alpha"), vec![1.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    let s = stale
+        .add_summary(
+            NewSummary::new("about alpha", vec![a.id]),
+            vec![1.0, 0.0, 0.0, 0.0],
+        )
+        .unwrap();
+    // The stale handle has synced and searched before the re-embedding.
+    assert_eq!(
+        stale
+            .search_vector(vec![1.0, 0.0, 0.0, 0.0], 1, &Filter::all(), None)
+            .unwrap()
+            .len(),
+        1
+    );
+    let err = Store::reembed(&path, options(4), "test-model", 4, |t| {
+        Ok(vec![vec![1.0; 4]; t.len()])
+    })
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+    Store::reembed(&path, options(4), "model-b", 2, |t| {
+        Ok(vec![vec![0.0, 1.0]; t.len()])
+    })
+    .unwrap();
+    let refused = |e: StoreError| {
+        assert!(
+            matches!(
+                &e,
+                StoreError::ModelMismatch { stored_model, stored_dim: 2, requested_dim: 4, .. }
+                    if stored_model == "model-b"
+            ),
+            "{e}"
+        );
+    };
+    refused(
+        stale
+            .insert(knowledge("beta"), vec![0.0, 0.0, 1.0, 0.0])
+            .unwrap_err(),
+    );
+    refused(
+        stale
+            .insert_batch(vec![
+                (knowledge("gamma"), vec![0.0, 0.0, 1.0, 0.0]),
+                (knowledge("delta"), vec![0.0, 0.0, 0.0, 1.0]),
+            ])
+            .unwrap_err(),
+    );
+    refused(
+        stale
+            .add_summary(
+                NewSummary::new("again", vec![a.id]),
+                vec![0.0, 1.0, 0.0, 0.0],
+            )
+            .unwrap_err(),
+    );
+    refused(
+        stale
+            .update(a.id, "alpha again".into(), None, vec![0.0, 1.0, 0.0, 0.0])
+            .unwrap_err(),
+    );
+    refused(
+        stale
+            .search_vector(vec![1.0, 0.0, 0.0, 0.0], 1, &Filter::all(), None)
+            .unwrap_err(),
+    );
+    // The store's own model is not refused again.
+    refused(
+        Store::reembed(&path, options(4), "model-c", 3, |t| {
+            Ok(vec![vec![1.0; 3]; t.len()])
+        })
+        .unwrap_err(),
+    );
+    stale.close().unwrap();
+
+    let store = Store::open(&path, StoreOptions::new("model-b", 2)).unwrap();
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.total, 2, "{stats:?}");
+    assert_eq!(store.get(a.id).unwrap().content, "alpha");
+    for id in [a.id, s.id] {
+        assert_eq!(store.embedding(id).unwrap(), vec![0.0, 1.0]);
+    }
+    let check = store.check_index().unwrap();
+    assert!(check.is_consistent(), "{check:?}");
+    assert_eq!(
+        store
+            .search_vector(vec![0.0, 1.0], 5, &Filter::all(), None)
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
 #[test]
 fn bad_input_gets_typed_errors_and_writes_nothing() {
     let dir = tmp();
