@@ -134,6 +134,11 @@ pub struct StoreOptions {
     /// in its resident memory, and an I/O error on a mapped page ends the process with a
     /// signal instead of an error (SQLite's own caveat), so 0 turns it off. Default 1 GiB.
     pub mmap_bytes: u64,
+    /// Count the SQL work of this handle's connections (SQLite's virtual-machine
+    /// instructions, in thousands, through a progress callback every 1,000 of them), read by
+    /// [`crate::Store::sql_work`]: what a call costs the database, independent of the
+    /// machine's speed and load. Default false (the callback costs a little).
+    pub count_sql_work: bool,
     /// The clock for default `created_at` values.
     pub clock: Arc<dyn Clock>,
 }
@@ -156,6 +161,7 @@ impl StoreOptions {
             index_log_keep: 100_000,
             background_rebuild: true,
             mmap_bytes: 1 << 30,
+            count_sql_work: false,
             clock: Arc::new(SystemClock),
         }
     }

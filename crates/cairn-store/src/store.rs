@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -302,6 +302,27 @@ struct Shared {
     /// Set while a background rebuild runs (or waits to be swapped in).
     rebuilding: Arc<AtomicBool>,
     rebuild_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Thousands of SQLite VM instructions run by this handle's connections, when
+    /// [`StoreOptions::count_sql_work`] is on.
+    sql_work: Arc<AtomicU64>,
+}
+
+/// VM instructions between two calls of the work counter's progress callback.
+const SQL_WORK_UNIT: i32 = 1_000;
+
+/// Makes `conn` add to `counter` every [`SQL_WORK_UNIT`] VM instructions, when `on`.
+fn count_sql_work(conn: &mut Connection, counter: &Arc<AtomicU64>, on: bool) -> Result<()> {
+    if on {
+        let c = Arc::clone(counter);
+        conn.progress_handler(
+            SQL_WORK_UNIT,
+            Some(move || {
+                c.fetch_add(1, Ordering::Relaxed);
+                false
+            }),
+        )?;
+    }
+    Ok(())
 }
 
 /// A rebuilt index, the index-log position its rows were read at, and why it was built.
@@ -470,6 +491,8 @@ impl Store {
         let path = path.as_ref().to_owned();
         let mut conn = open_rw(&path, &options).map_err(|e| not_a_db(&path, e))?;
         schema::migrate(&mut conn, &options).map_err(|e| not_a_db(&path, e))?;
+        let sql_work = Arc::new(AtomicU64::new(0));
+        count_sql_work(&mut conn, &sql_work, options.count_sql_work)?;
         let snap = snapshot_dir(&path);
         let (index, reason) =
             match VectorIndex::load(&snap, options.hnsw, &options.model_id, options.dim) {
@@ -495,6 +518,7 @@ impl Store {
             rebuilt: Arc::new(Mutex::new(None)),
             rebuilding: Arc::new(AtomicBool::new(false)),
             rebuild_thread: Mutex::new(None),
+            sql_work,
         });
         // The log position first, then the rows: a write committed in between is in both,
         // and applying it again is harmless.
@@ -633,12 +657,14 @@ impl Store {
         let conn = match pooled {
             Some(c) => c,
             None => {
-                let c = Connection::open_with_flags(
+                let mut c = Connection::open_with_flags(
                     &self.inner.shared.path,
                     OpenFlags::SQLITE_OPEN_READ_ONLY
                         | OpenFlags::SQLITE_OPEN_NO_MUTEX
                         | OpenFlags::SQLITE_OPEN_URI,
                 )?;
+                let shared = &self.inner.shared;
+                count_sql_work(&mut c, &shared.sql_work, shared.options.count_sql_work)?;
                 c.busy_timeout(std::time::Duration::from_secs(30))?;
                 schema::tune(&c)?;
                 let mmap = self.inner.shared.options.mmap_bytes;
@@ -2360,6 +2386,18 @@ impl Store {
         s.snapshot_failures = f.0;
         s.last_snapshot_error = f.1;
         Ok(s)
+    }
+
+    /// Thousands of SQLite virtual-machine instructions this handle's connections ran since
+    /// it opened, when [`StoreOptions::count_sql_work`] is on (`None` otherwise): the
+    /// database's share of a call's cost, as a count (the difference across the call), not
+    /// a time. Other threads' calls on the same handle count too.
+    pub fn sql_work(&self) -> Option<u64> {
+        let shared = &self.inner.shared;
+        shared
+            .options
+            .count_sql_work
+            .then(|| shared.sql_work.load(Ordering::Relaxed))
     }
 
     /// Writes the index snapshot now.
