@@ -17,7 +17,9 @@
 //! bound leaves out, not answer quality: `cairn eval locomo --haystack` does that), and the
 //! reading process's resident memory (and its proportional share, which counts a page of
 //! the database file once however many reader connections map it) against the store's size
-//! on disk.
+//! on disk; and the database work of a call on each path (SQLite VM instructions, counted
+//! by `StoreOptions::count_sql_work` on a handle opened after the timed calls: a count, so
+//! it does not depend on the machine's load).
 //!
 //! `cargo bench --bench context_scale` (`CAIRN_BENCH_STORE_DIR=DIR` keeps the stores there
 //! and reuses them on the next run; `CAIRN_BENCH_PG=postgres://...` builds each store in a
@@ -258,8 +260,38 @@ async fn child(db: &str, n: usize, model: bool) {
         }
     }
     let (rss, peak) = rss_kib();
+    // The database work of a call, counted (not timed) on a handle of its own, after the
+    // timed calls and the memory readings: median over 21 queries per path.
+    let (work_b, work_e) = if model || mem.sqlite().is_none() {
+        (0, 0)
+    } else {
+        mem.close().await.unwrap();
+        let counted = MemoryHarness::builder(db)
+            .embedder(Arc::new(HashEmbedder::new(384)))
+            .embedding_cache(false)
+            .store_options(|o| o.count_sql_work = true)
+            .build()
+            .await
+            .unwrap();
+        let store = counted.sqlite().unwrap().clone();
+        let mut work = [Vec::new(), Vec::new()];
+        for q in queries(n).iter().skip(10).take(21) {
+            for (path, opts) in [bounded, exhaustive].into_iter().enumerate() {
+                let before = store.sql_work().unwrap();
+                counted
+                    .assemble_context_with("t", q, 2_000, opts)
+                    .await
+                    .unwrap();
+                work[path].push(store.sql_work().unwrap() - before);
+            }
+        }
+        let [mut b, mut e] = work;
+        b.sort_unstable();
+        e.sort_unstable();
+        (b[b.len() / 2], e[e.len() / 2])
+    };
     println!(
-        "RESULT {} {} {} {} {} {} {} {} {}",
+        "RESULT {} {} {} {} {} {} {} {} {} {work_b} {work_e}",
         pct(&tb, 0.5),
         pct(&tb, 0.99),
         pct(&te, 0.5),
@@ -304,9 +336,9 @@ async fn main() {
         .filter_map(|s| s.trim().parse().ok())
         .collect();
     println!(
-        "| turns | build + consolidate (s) | bounded p50 / p99 (ms) | exhaustive p50 / p99 (ms) | with the model: bounded p50 / p99 | exhaustive p50 / p99 | bounded recalls of exhaustive's | reader RSS / peak (MiB) | reader PSS (MiB) | store on disk (MiB) |"
+        "| turns | build + consolidate (s) | bounded p50 / p99 (ms) | exhaustive p50 / p99 (ms) | with the model: bounded p50 / p99 | exhaustive p50 / p99 | bounded recalls of exhaustive's | reader RSS / peak (MiB) | reader PSS (MiB) | store on disk (MiB) | SQL work a call, bounded / exhaustive (10³ VM instructions) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let tmp = tempfile::tempdir().unwrap();
         // `CAIRN_BENCH_STORE_DIR` keeps the stores there and reuses them (build time 0).
@@ -364,7 +396,7 @@ async fn main() {
         let model = run_child(&db, n, true);
         let mib = |kib: f64| kib / 1024.0;
         println!(
-            "| {n} | {build_s:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.3} | {:.0} / {:.0} | {:.0} | {:.0} |",
+            "| {n} | {build_s:.0} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:.3} | {:.0} / {:.0} | {:.0} | {:.0} | {:.0} / {:.0} |",
             plain[0],
             plain[1],
             plain[2],
@@ -377,7 +409,9 @@ async fn main() {
             mib(plain[5]),
             mib(plain[6]),
             mib(plain[8]),
-            plain[7] / 1_048_576.0
+            plain[7] / 1_048_576.0,
+            plain[9] / 1e3,
+            plain[10] / 1e3
         );
     }
 }

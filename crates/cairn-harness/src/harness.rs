@@ -321,7 +321,9 @@ impl HarnessBuilder {
     /// held while the model runs (minutes for a large store): other writers wait up to their
     /// busy timeout (30 s), then fail as busy. A handle
     /// still open on the old model (another process's) is refused with `ModelMismatch` at its
-    /// next search or write of a vector, and writes nothing; it reopens with the new model.
+    /// next search, context or write of a vector, and writes nothing; it reopens with the
+    /// new model. Two processes building with the same new model at once: one re-embeds,
+    /// the other opens the re-embedded store.
     /// On PostgreSQL a store of another model is `Unsupported` for now. Default: off (a
     /// mismatch is an error).
     pub fn reembed(mut self, on: bool) -> Self {
@@ -408,14 +410,23 @@ impl HarnessBuilder {
                                     to = %e.model_id(),
                                     "re-embedding the store with the new model"
                                 );
-                                Store::reembed_blending(
+                                let done = Store::reembed_blending(
                                     &store_path,
                                     old,
                                     e.model_id(),
                                     e.dim(),
                                     |texts| e.embed_checked(texts).map_err(|x| x.to_string()),
                                     |m| m.contains_key(crate::consolidate::CONSOLIDATION_KEY),
-                                )?;
+                                );
+                                match done {
+                                    // Another process re-embedded it with this model meanwhile.
+                                    Err(cairn_store::StoreError::ModelMismatch {
+                                        stored_model: now_on,
+                                        stored_dim: now_dim,
+                                        ..
+                                    }) if now_on == e.model_id() && now_dim == e.dim() => {}
+                                    r => r?,
+                                }
                                 Store::open(store_path, reopen)
                             })
                             .await??

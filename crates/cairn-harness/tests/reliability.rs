@@ -1462,7 +1462,13 @@ fn threads_never_leak_into_each_other() {
                             NewMemory::conversational(
                                 thread(&format!("t{t}")),
                                 Role::User,
-                                format!("{} and {} number {i}", words[*a], words[*b]),
+                                // Every fifth turn the same words in every thread
+                                // (repeats, never another thread's).
+                                if i % 5 == 0 {
+                                    format!("{} and {}", words[*a], words[*b])
+                                } else {
+                                    format!("{} and {} number {i}", words[*a], words[*b])
+                                },
                             )
                             .at(now() - chrono::Duration::minutes(100 - i as i64)),
                         )
@@ -1526,13 +1532,27 @@ fn threads_never_leak_into_each_other() {
                             prop_assert!(mine(&leaf.id));
                         }
                     }
-                    let ctx = mem.assemble_context(&name, words[q], 400).await.unwrap();
-                    for item in &ctx.items {
-                        let m = mem.get(item.id).await.unwrap();
-                        prop_assert_eq!(
-                            m.thread_id.as_ref().map(ThreadId::as_str),
-                            Some(name.as_str())
-                        );
+                    // Both recall paths (the bounded one is the default on long threads
+                    // only): every item, and every turn a recalled line names as a repeat.
+                    for bounded_above in [0, usize::MAX] {
+                        let options = cairn_harness::ContextOptions {
+                            bounded_above,
+                            ..cairn_harness::ContextOptions::default()
+                        };
+                        let ctx = mem
+                            .assemble_context_with(&name, words[q], 400, options)
+                            .await
+                            .unwrap();
+                        let named = ctx.items.iter().flat_map(|i| {
+                            std::iter::once(i.id).chain(i.repeats.iter().map(|r| r.id))
+                        });
+                        for id in named {
+                            let m = mem.get(id).await.unwrap();
+                            prop_assert_eq!(
+                                m.thread_id.as_ref().map(ThreadId::as_str),
+                                Some(name.as_str())
+                            );
+                        }
                     }
                 }
                 Ok(())

@@ -52,7 +52,8 @@ impl From<HarnessError> for Failure {
             HarnessError::Store(s) => match s {
                 cairn_store::StoreError::DuplicateId { .. }
                 | cairn_store::StoreError::CitedBySummaries { .. }
-                | cairn_store::StoreError::CannotSupersede { .. } => "conflict",
+                | cairn_store::StoreError::CannotSupersede { .. }
+                | cairn_store::StoreError::ModelMismatch { .. } => "conflict",
                 cairn_store::StoreError::NotASummary { .. }
                 | cairn_store::StoreError::EmptySources
                 | cairn_store::StoreError::DuplicateSource { .. }

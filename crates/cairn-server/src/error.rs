@@ -116,7 +116,9 @@ impl From<HarnessError> for ApiError {
             HarnessError::Store(s) => match s {
                 StoreError::DuplicateId { .. }
                 | StoreError::CitedBySummaries { .. }
-                | StoreError::CannotSupersede { .. } => {
+                | StoreError::CannotSupersede { .. }
+                // The store was re-embedded with another model since it was opened.
+                | StoreError::ModelMismatch { .. } => {
                     Self::new(ErrorCode::Conflict, None, message)
                 }
                 StoreError::NotASummary { .. }

@@ -59,8 +59,9 @@ pub enum StoreError {
         /// The summaries that cite it.
         summaries: Vec<MemoryId>,
     },
-    /// The database was made with another embedding model.
-    #[error("the store was built with model {stored_model:?} ({stored_dim} dimensions), not {requested_model:?} ({requested_dim} dimensions); open it with the same model, or re-embed it")]
+    /// The database was made with another embedding model (or was re-embedded with another
+    /// one since this handle opened it).
+    #[error("the store is on model {stored_model:?} ({stored_dim} dimensions), not {requested_model:?} ({requested_dim} dimensions); open it with that model, or re-embed it")]
     ModelMismatch {
         /// Model id in the database.
         stored_model: String,

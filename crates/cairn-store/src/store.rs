@@ -302,13 +302,14 @@ struct Shared {
     /// Set while a background rebuild runs (or waits to be swapped in).
     rebuilding: Arc<AtomicBool>,
     rebuild_thread: Mutex<Option<JoinHandle<()>>>,
-    /// Thousands of SQLite VM instructions run by this handle's connections, when
+    /// Hundreds of SQLite VM instructions run by this handle's connections, when
     /// [`StoreOptions::count_sql_work`] is on.
     sql_work: Arc<AtomicU64>,
 }
 
-/// VM instructions between two calls of the work counter's progress callback.
-const SQL_WORK_UNIT: i32 = 1_000;
+/// VM instructions between two calls of the work counter's progress callback: SQLite counts
+/// them per statement, so up to this many of each statement's are not counted.
+const SQL_WORK_UNIT: i32 = 100;
 
 /// Makes `conn` add to `counter` every [`SQL_WORK_UNIT`] VM instructions, when `on`.
 fn count_sql_work(conn: &mut Connection, counter: &Arc<AtomicU64>, on: bool) -> Result<()> {
@@ -722,7 +723,9 @@ impl Store {
     /// Catches the index up with other handles' committed writes when there are any: one
     /// indexed look-up in the index log when there are none. The same statement reads the
     /// store's model: a store another handle re-embedded since this one opened is a
-    /// [`StoreError::ModelMismatch`] (this handle's vectors and queries are of the old model).
+    /// [`StoreError::ModelMismatch`] (this handle's vectors and queries are of the old model)
+    /// for every call that syncs first: searches, `stats`, and the bounded recall path's
+    /// reads of the index (`count_in_thread`, `times_of`).
     fn sync(&self) -> Result<()> {
         let shared = &self.inner.shared;
         let seen = shared.seen.load(Ordering::SeqCst);
@@ -2388,16 +2391,19 @@ impl Store {
         Ok(s)
     }
 
-    /// Thousands of SQLite virtual-machine instructions this handle's connections ran since
-    /// it opened, when [`StoreOptions::count_sql_work`] is on (`None` otherwise): the
-    /// database's share of a call's cost, as a count (the difference across the call), not
-    /// a time. Other threads' calls on the same handle count too.
+    /// SQLite virtual-machine instructions this handle's connections (its writer and its
+    /// pooled readers) ran since it opened, when [`StoreOptions::count_sql_work`] is on
+    /// (`None` otherwise): the database's share of a call's cost as a count (the difference
+    /// across the call), not a time, so it does not depend on the machine's load. Counted
+    /// in steps of 100 per statement (a statement's last partial hundred is not counted);
+    /// other threads' calls on the same handle count too. Not counted: a background index
+    /// rebuild's own connection, the work inside SQLite's C code that no VM instruction
+    /// stands for (FTS5 decoding a posting list, sorting), and the vector index's.
     pub fn sql_work(&self) -> Option<u64> {
         let shared = &self.inner.shared;
-        shared
-            .options
-            .count_sql_work
-            .then(|| shared.sql_work.load(Ordering::Relaxed))
+        shared.options.count_sql_work.then(|| {
+            shared.sql_work.load(Ordering::Relaxed) * u64::from(SQL_WORK_UNIT.unsigned_abs())
+        })
     }
 
     /// Writes the index snapshot now.
@@ -2419,8 +2425,10 @@ impl Store {
     /// One transaction, holding the write lock while the model runs: other handles' writes
     /// wait meanwhile, up to their busy timeout (30 s), then fail as busy. A handle still open on the old model after
     /// the commit, in this process or another, is refused with
-    /// [`StoreError::ModelMismatch`] at its next search or write of a vector (its vectors
-    /// and queries are of the old model); it reopens with the new one. The new model must
+    /// [`StoreError::ModelMismatch`] at its next search (or other call that syncs its
+    /// index: `stats`, the bounded recall path's reads) or write of a vector (inserts,
+    /// summaries, updates, restores), and writes nothing (its vectors and queries are of the
+    /// old model); it reopens with the new one. The new model must
     /// differ from the old one in name or dimension (a [`StoreError::Config`] otherwise).
     pub fn reembed(
         path: impl AsRef<Path>,
@@ -2447,6 +2455,12 @@ impl Store {
     ) -> Result<()> {
         let path = path.as_ref();
         old.validate()?;
+        if !path.is_file() {
+            return Err(StoreError::Config(format!(
+                "no store at {} to re-embed",
+                path.display()
+            )));
+        }
         if new_model_id == old.model_id && new_dim == old.dim {
             return Err(StoreError::Config(format!(
                 "the store is already on model {new_model_id:?} ({new_dim} dimensions)"

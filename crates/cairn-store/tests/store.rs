@@ -555,7 +555,15 @@ fn a_handle_on_the_old_model_is_refused_after_a_reembedding() {
             .search_vector(vec![1.0, 0.0, 0.0, 0.0], 1, &Filter::all(), None)
             .unwrap_err(),
     );
-    // The store's own model is not refused again.
+    // A restore (a backup's rows with their vectors) of a memory not in the store.
+    let mut copy = stale.get(a.id).unwrap();
+    copy.id = MemoryId::new();
+    refused(
+        stale
+            .restore(vec![(copy, vec![0.0, 0.0, 1.0, 0.0])])
+            .unwrap_err(),
+    );
+    // A re-embedding that names the old model is refused: the store is on another now.
     refused(
         Store::reembed(&path, options(4), "model-c", 3, |t| {
             Ok(vec![vec![1.0; 3]; t.len()])

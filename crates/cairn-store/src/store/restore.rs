@@ -1,7 +1,7 @@
 //! Whole-store backup reads and exact restores at the row level (the backup file format
 //! itself lives in the harness, which also embeds what a backup holds no vector for).
 
-use super::{begin, check_thread, index_committed, insert_row, source_facts, Store};
+use super::{begin_vectors, check_thread, index_committed, insert_row, source_facts, Store};
 use crate::rows::{decode_vector, query_units_with};
 use crate::{Result, StoreError};
 
@@ -118,7 +118,7 @@ impl Store {
             prepared.push((u, v));
         }
         self.write(move |conn, shared| {
-            let tx = begin(conn)?;
+            let tx = begin_vectors(conn, shared)?;
             let mut vids = Vec::with_capacity(prepared.len());
             for (unit, v) in &mut prepared {
                 let mut sources = Vec::new();
