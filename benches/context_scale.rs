@@ -260,6 +260,7 @@ async fn child(db: &str, n: usize, model: bool) {
         }
     }
     let (rss, peak) = rss_kib();
+    let pss = pss_kib();
     // The database work of a call, counted (not timed) on a handle of its own, after the
     // timed calls and the memory readings: median over 21 queries per path.
     let (work_b, work_e) = if model || mem.sqlite().is_none() {
@@ -300,7 +301,7 @@ async fn child(db: &str, n: usize, model: bool) {
         rss,
         peak,
         store_bytes(std::path::Path::new(db)),
-        pss_kib()
+        pss
     );
 }
 
