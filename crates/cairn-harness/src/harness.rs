@@ -316,10 +316,10 @@ impl HarnessBuilder {
     /// memory with this builder's embedder before opening it, instead of failing with
     /// [`cairn_store::StoreError::ModelMismatch`]. The summaries consolidation wrote get
     /// their vector as it writes them (the mean of their text's and their sources'
-    /// centroid), the others their text's. One transaction: a failure (the model's, say)
-    /// leaves the store on its old model, and nothing is lost either way. The write lock is
-    /// held while the model runs (minutes for a large store): other writers wait up to their
-    /// busy timeout (30 s), then fail as busy. A handle
+    /// centroid), the others their text's. A failure (the model's, say) leaves the store on
+    /// its old model, and nothing is lost either way. The model runs outside the write lock
+    /// (see [`Store::reembed`]): other processes go on reading and writing meanwhile, and
+    /// what they write is re-embedded too, in the last transaction. A handle
     /// still open on the old model (another process's) is refused with `ModelMismatch` at its
     /// next search, context or write of a vector, and writes nothing; it reopens with the
     /// new model. Two processes building with the same new model at once: one re-embeds,

@@ -1401,7 +1401,7 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
         "{err}"
     );
     // A model that fails midway (on the summary written by hand, the newest memory: after
-    // the first batch of 64 was embedded and written): an error, and the store as it was.
+    // the first batch of 64 was embedded and staged): an error, and the store as it was.
     let failing = Arc::new(Other(
         HashEmbedder::new(48),
         Some("written by hand"),

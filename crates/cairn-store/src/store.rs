@@ -2422,9 +2422,13 @@ impl Store {
     /// Re-embeds every memory with a new model: `embed` is called with batches of contents.
     /// Afterwards the store belongs to `model_id`/`dim` (reopen with matching options).
     ///
-    /// One transaction, holding the write lock while the model runs: other handles' writes
-    /// wait meanwhile, up to their busy timeout (30 s), then fail as busy. A handle still open on the old model after
-    /// the commit, in this process or another, is refused with
+    /// The model runs outside the write lock: the new vectors are staged in a table of their
+    /// own (`reembed_stage`, dropped at the end: the file grows by about the vectors' size
+    /// meanwhile), a batch of 64 a short transaction, while other handles go on reading and
+    /// writing on the old model. Then one transaction embeds what was written or rewritten
+    /// meanwhile, gives every memory its new vector and changes the store's model: a failure
+    /// anywhere leaves the store on the old model, every vector as it was. A handle still
+    /// open on the old model after the commit, in this process or another, is refused with
     /// [`StoreError::ModelMismatch`] at its next search (or other call that syncs its
     /// index: `stats`, the bounded recall path's reads) or write of a vector (inserts,
     /// summaries, updates, restores), and writes nothing (its vectors and queries are of the
@@ -2468,53 +2472,159 @@ impl Store {
         }
         let mut conn = open_rw(path, &old).map_err(|e| not_a_db(path, e))?;
         schema::migrate(&mut conn, &old).map_err(|e| not_a_db(path, e))?;
-        let tx = begin(&mut conn)?;
-        // Under the write lock: still on the old model (another handle may have re-embedded
-        // it since the check above).
-        schema::check_identity(&tx, &old)?;
-        let rows: Vec<(i64, String)> = {
-            let mut stmt = tx.prepare("SELECT rid, content FROM memories ORDER BY rid")?;
-            let r = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?;
-            r
-        };
-        for chunk in rows.chunks(64) {
-            let texts: Vec<&str> = chunk.iter().map(|(_, t)| t.as_str()).collect();
-            let vecs = embed(&texts)
-                .map_err(|e| StoreError::Config(format!("re-embedding failed: {e}")))?;
-            if vecs.len() != chunk.len() {
-                return Err(StoreError::Config(
-                    "re-embedding returned the wrong number of vectors".into(),
-                ));
-            }
-            for ((rid, _), v) in chunk.iter().zip(vecs) {
-                validate_vector(&v, new_dim)?;
-                let v = normalized(v)?;
-                tx.execute(
-                    "UPDATE memories SET embedding = ?2, model_id = ?3 WHERE rid = ?1",
-                    params![rid, encode_vector(&v), new_model_id],
-                )?;
+        // The new vectors are staged first, a batch a short transaction, while other handles
+        // go on reading and writing; then one transaction re-embeds what changed meanwhile
+        // and swaps every vector in.
+        conn.execute_batch(
+            "DROP TABLE IF EXISTS reembed_stage;
+             CREATE TABLE reembed_stage (
+                 rid INTEGER PRIMARY KEY, content TEXT NOT NULL, embedding BLOB NOT NULL);",
+        )?;
+        let done = stage_vectors(&mut conn, new_dim, &mut embed).and_then(|()| {
+            swap_in_vectors(
+                &mut conn,
+                path,
+                &old,
+                new_model_id,
+                new_dim,
+                &mut embed,
+                blends,
+            )
+        });
+        if done.is_err() {
+            // The store is as it was; the staged vectors are of no use.
+            if let Err(e) = conn.execute_batch("DROP TABLE IF EXISTS reembed_stage") {
+                tracing::warn!(error = %e, "could not drop the re-embedding's staging table; the next re-embedding drops it");
             }
         }
-        blend_summaries(&tx, blends)?;
-        tx.execute(
-            "UPDATE store_meta SET value = ?1 WHERE key = 'model_id'",
-            params![new_model_id],
-        )?;
-        tx.execute(
-            "UPDATE store_meta SET value = ?1 WHERE key = 'dim'",
-            params![new_dim.to_string()],
-        )?;
-        // The index snapshot holds the old vectors: gone before the commit, so a failure
-        // here leaves the store on the old model (its next open rebuilds the index).
-        let snap = snapshot_dir(path);
-        if snap.exists() {
-            std::fs::remove_dir_all(snap)?;
-        }
-        tx.commit()?;
-        Ok(())
+        done
     }
+}
+
+/// Embeds `rows` (rid, text) with `embed`: one vector each, of `dim` dimensions, normalized.
+fn embed_rows(
+    rows: &[(i64, String)],
+    dim: usize,
+    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+) -> Result<Vec<Vec<f32>>> {
+    let texts: Vec<&str> = rows.iter().map(|(_, t)| t.as_str()).collect();
+    let vecs =
+        embed(&texts).map_err(|e| StoreError::Config(format!("re-embedding failed: {e}")))?;
+    if vecs.len() != rows.len() {
+        return Err(StoreError::Config(
+            "re-embedding returned the wrong number of vectors".into(),
+        ));
+    }
+    vecs.into_iter()
+        .map(|v| {
+            validate_vector(&v, dim)?;
+            Ok(normalized(v)?)
+        })
+        .collect()
+}
+
+/// Rows embedded per call of the model while re-embedding.
+const REEMBED_BATCH: usize = 64;
+
+/// Embeds every memory into `reembed_stage` (rid, the text embedded, its new vector), a
+/// batch of [`REEMBED_BATCH`] at a time, each read and each write a short transaction of
+/// its own: the model runs without holding the write lock.
+fn stage_vectors(
+    conn: &mut Connection,
+    dim: usize,
+    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+) -> Result<()> {
+    let mut after = i64::MIN;
+    loop {
+        let page: Vec<(i64, String)> = conn
+            .prepare_cached(
+                "SELECT rid, content FROM memories WHERE rid > ?1 ORDER BY rid LIMIT ?2",
+            )?
+            .query_map(
+                params![after, i64::try_from(REEMBED_BATCH).unwrap_or(i64::MAX)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?
+            .collect::<rusqlite::Result<_>>()?;
+        let Some((last, _)) = page.last() else {
+            return Ok(());
+        };
+        after = *last;
+        let vecs = embed_rows(&page, dim, embed)?;
+        let tx = begin(conn)?;
+        stage(&tx, &page, &vecs)?;
+        tx.commit()?;
+    }
+}
+
+/// Writes staged vectors (see [`stage_vectors`]).
+fn stage(tx: &Transaction<'_>, rows: &[(i64, String)], vecs: &[Vec<f32>]) -> Result<()> {
+    let mut put = tx.prepare_cached(
+        "INSERT OR REPLACE INTO reembed_stage (rid, content, embedding) VALUES (?1, ?2, ?3)",
+    )?;
+    for ((rid, content), v) in rows.iter().zip(vecs) {
+        put.execute(params![rid, content, encode_vector(v)])?;
+    }
+    Ok(())
+}
+
+/// The re-embedding's one write transaction: still on the old model (checked under the
+/// write lock); the memories written or rewritten since they were staged are embedded now;
+/// every memory takes its staged vector, consolidation's summaries are blended, the store's
+/// model changes, the staging table and the index snapshot go.
+fn swap_in_vectors(
+    conn: &mut Connection,
+    path: &Path,
+    old: &StoreOptions,
+    new_model_id: &str,
+    new_dim: usize,
+    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+    blends: impl Fn(&Metadata) -> bool,
+) -> Result<()> {
+    let tx = begin(conn)?;
+    // Another handle may have re-embedded it since the check at the start.
+    schema::check_identity(&tx, old)?;
+    let changed: Vec<(i64, String)> = tx
+        .prepare(
+            "SELECT m.rid, m.content FROM memories m
+               LEFT JOIN reembed_stage s ON s.rid = m.rid AND s.content = m.content
+              WHERE s.rid IS NULL ORDER BY m.rid",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    if !changed.is_empty() {
+        tracing::info!(
+            memories = changed.len(),
+            "re-embedding the memories written while the others were"
+        );
+    }
+    for chunk in changed.chunks(REEMBED_BATCH) {
+        let vecs = embed_rows(chunk, new_dim, embed)?;
+        stage(&tx, chunk, &vecs)?;
+    }
+    // Every memory has its staged vector now, of its current text.
+    tx.execute(
+        "UPDATE memories SET model_id = ?1,
+                embedding = (SELECT s.embedding FROM reembed_stage s WHERE s.rid = memories.rid)",
+        params![new_model_id],
+    )?;
+    tx.execute_batch("DROP TABLE reembed_stage")?;
+    blend_summaries(&tx, blends)?;
+    tx.execute(
+        "UPDATE store_meta SET value = ?1 WHERE key = 'model_id'",
+        params![new_model_id],
+    )?;
+    tx.execute(
+        "UPDATE store_meta SET value = ?1 WHERE key = 'dim'",
+        params![new_dim.to_string()],
+    )?;
+    // The index snapshot holds the old vectors: gone before the commit, so a failure
+    // here leaves the store on the old model (its next open rebuilds the index).
+    let snap = snapshot_dir(path);
+    if snap.exists() {
+        std::fs::remove_dir_all(snap)?;
+    }
+    tx.commit()?;
+    Ok(())
 }
 
 /// Gives the summaries `blends` picks the mean of their own vector and their sources'

@@ -590,6 +590,131 @@ fn a_handle_on_the_old_model_is_refused_after_a_reembedding() {
     );
 }
 
+/// The new model's vector of a text in the re-embedding tests: two dimensions, by length.
+fn by_length(texts: &[&str]) -> Vec<Vec<f32>> {
+    texts.iter().map(|t| vec![t.len() as f32, 1.0]).collect()
+}
+
+/// The model runs outside the write lock: another handle, on the old model, writes while the
+/// memories are embedded (rewrites one already embedded, adds one, deletes one), and the
+/// re-embedding's last transaction embeds what it rewrote; nothing is lost and every vector
+/// is the new model's of the memory's current text. A model failing in that last
+/// transaction (on the rewritten text) leaves the store on the old model, every vector as it
+/// was, and no staging table.
+#[test]
+fn writes_during_a_reembedding_are_kept_and_reembedded() {
+    let dir = tmp();
+    let path = dir.path().join("during.db");
+    let writer = open(&path, 4);
+    let ids: Vec<MemoryId> = (0..150)
+        .map(|i| {
+            writer
+                .insert(knowledge(&format!("memory {i}")), vec![1.0, 0.0, 0.0, 0.0])
+                .unwrap()
+                .id
+        })
+        .collect();
+    let vectors = |store: &Store| -> HashMap<MemoryId, Vec<f32>> {
+        store
+            .scan(&Filter::all(), 0, 1_000)
+            .unwrap()
+            .into_iter()
+            .map(|u| (u.id, store.embedding(u.id).unwrap()))
+            .collect()
+    };
+    let staging = |path: &std::path::Path| -> i64 {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'reembed_stage'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+
+    // A failure on the text rewritten meanwhile: it is embedded in the last transaction.
+    let mut calls = 0;
+    let err = Store::reembed(&path, options(4), "model-b", 2, |texts| {
+        calls += 1;
+        if calls == 1 {
+            writer
+                .update(
+                    ids[0],
+                    "memory 0, rewritten".into(),
+                    None,
+                    vec![0.0, 1.0, 0.0, 0.0],
+                )
+                .unwrap();
+        }
+        if texts.iter().any(|t| t.contains("rewritten")) {
+            return Err("the model failed".into());
+        }
+        Ok(by_length(texts))
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("the model failed"), "{err}");
+    assert_eq!(calls, 4, "three batches of the 150, then the rewritten one");
+    let before = vectors(&writer);
+    assert_eq!(before.len(), 150);
+    assert!(before.values().all(|v| v.len() == 4));
+    assert_eq!(staging(&path), 0);
+    // Still the old model's: the writer goes on.
+    writer
+        .insert(knowledge("after the failure"), vec![0.0, 0.0, 1.0, 0.0])
+        .unwrap();
+
+    let mut calls = 0;
+    let mut added = None;
+    Store::reembed(&path, options(4), "model-b", 2, |texts| {
+        calls += 1;
+        if calls == 1 {
+            writer
+                .update(
+                    ids[1],
+                    "memory 1, rewritten".into(),
+                    None,
+                    vec![0.0, 1.0, 0.0, 0.0],
+                )
+                .unwrap();
+            added = Some(
+                writer
+                    .insert(knowledge("written meanwhile"), vec![0.0, 0.0, 0.0, 1.0])
+                    .unwrap()
+                    .id,
+            );
+            writer.delete(ids[149], DeletePolicy::Restrict).unwrap();
+        }
+        Ok(by_length(texts))
+    })
+    .unwrap();
+    assert_eq!(staging(&path), 0);
+    // The writer is on the old model: refused from now on.
+    assert!(matches!(
+        writer.insert(knowledge("too late"), vec![1.0, 0.0, 0.0, 0.0]),
+        Err(StoreError::ModelMismatch { .. })
+    ));
+    writer.close().unwrap();
+
+    let store = Store::open(&path, StoreOptions::new("model-b", 2)).unwrap();
+    let units = store.scan(&Filter::all(), 0, 1_000).unwrap();
+    assert_eq!(units.len(), 151, "150 + 2 written - 1 deleted");
+    assert!(units.iter().any(|u| Some(u.id) == added));
+    assert!(units.iter().all(|u| u.id != ids[149]));
+    for u in &units {
+        let want = cairn_core::normalized(by_length(&[&u.content]).remove(0)).unwrap();
+        let got = store.embedding(u.id).unwrap();
+        assert!(
+            got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6),
+            "{}: {got:?}",
+            u.content
+        );
+    }
+    assert_eq!(store.get(ids[0]).unwrap().content, "memory 0, rewritten");
+    assert_eq!(store.get(ids[1]).unwrap().content, "memory 1, rewritten");
+    assert!(store.check_index().unwrap().is_consistent());
+}
+
 #[test]
 fn bad_input_gets_typed_errors_and_writes_nothing() {
     let dir = tmp();
