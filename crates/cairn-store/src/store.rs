@@ -2422,10 +2422,10 @@ impl Store {
     /// Re-embeds every memory with a new model: `embed` is called with batches of contents.
     /// Afterwards the store belongs to `model_id`/`dim` (reopen with matching options).
     ///
-    /// The model runs outside the write lock: the new vectors are staged in a table of their
-    /// own (`reembed_stage`, dropped at the end: the file grows by about the vectors' size
-    /// meanwhile), a batch of 64 a short transaction, while other handles go on reading and
-    /// writing on the old model. Then one transaction embeds what was written or rewritten
+    /// The model runs outside the write lock: the new vectors are staged in a TEMP table of
+    /// the re-embedding's own connection (SQLite's temporary file, about the vectors' size;
+    /// gone with the connection, even after a crash), a batch of 64 at a time, while other
+    /// handles go on reading and writing on the old model. Then one transaction embeds what was written or rewritten
     /// meanwhile, gives every memory its new vector and changes the store's model: a failure
     /// anywhere leaves the store on the old model, every vector as it was. A handle still
     /// open on the old model after the commit, in this process or another, is refused with
@@ -2472,12 +2472,12 @@ impl Store {
         }
         let mut conn = open_rw(path, &old).map_err(|e| not_a_db(path, e))?;
         schema::migrate(&mut conn, &old).map_err(|e| not_a_db(path, e))?;
-        // The new vectors are staged first, a batch a short transaction, while other handles
-        // go on reading and writing; then one transaction re-embeds what changed meanwhile
-        // and swaps every vector in.
+        // The new vectors are staged first, in a table of this connection's own (TEMP:
+        // another re-embedding has its own, and a crash leaves nothing in the file), while
+        // other handles go on reading and writing; then one transaction re-embeds what
+        // changed meanwhile and swaps every vector in.
         conn.execute_batch(
-            "DROP TABLE IF EXISTS reembed_stage;
-             CREATE TABLE reembed_stage (
+            "CREATE TEMP TABLE reembed_stage (
                  rid INTEGER PRIMARY KEY, content TEXT NOT NULL, embedding BLOB NOT NULL);",
         )?;
         let done = stage_vectors(&mut conn, new_dim, &mut embed).and_then(|()| {
@@ -2491,12 +2491,7 @@ impl Store {
                 blends,
             )
         });
-        if done.is_err() {
-            // The store is as it was; the staged vectors are of no use.
-            if let Err(e) = conn.execute_batch("DROP TABLE IF EXISTS reembed_stage") {
-                tracing::warn!(error = %e, "could not drop the re-embedding's staging table; the next re-embedding drops it");
-            }
-        }
+        // The staging table goes with the connection, whatever happened.
         done
     }
 }
@@ -2526,9 +2521,9 @@ fn embed_rows(
 /// Rows embedded per call of the model while re-embedding.
 const REEMBED_BATCH: usize = 64;
 
-/// Embeds every memory into `reembed_stage` (rid, the text embedded, its new vector), a
-/// batch of [`REEMBED_BATCH`] at a time, each read and each write a short transaction of
-/// its own: the model runs without holding the write lock.
+/// Embeds every memory into the connection's TEMP table `reembed_stage` (rid, the text
+/// embedded, its new vector), a batch of [`REEMBED_BATCH`] at a time: the model runs without
+/// holding the database's write lock, and writing the TEMP table takes none.
 fn stage_vectors(
     conn: &mut Connection,
     dim: usize,
@@ -2550,7 +2545,8 @@ fn stage_vectors(
         };
         after = *last;
         let vecs = embed_rows(&page, dim, embed)?;
-        let tx = begin(conn)?;
+        // Deferred: it writes the TEMP table only, so it never locks the database file.
+        let tx = conn.transaction()?;
         stage(&tx, &page, &vecs)?;
         tx.commit()?;
     }
@@ -2570,7 +2566,7 @@ fn stage(tx: &Transaction<'_>, rows: &[(i64, String)], vecs: &[Vec<f32>]) -> Res
 /// The re-embedding's one write transaction: still on the old model (checked under the
 /// write lock); the memories written or rewritten since they were staged are embedded now;
 /// every memory takes its staged vector, consolidation's summaries are blended, the store's
-/// model changes, the staging table and the index snapshot go.
+/// model changes, the index snapshot goes.
 fn swap_in_vectors(
     conn: &mut Connection,
     path: &Path,
@@ -2607,7 +2603,6 @@ fn swap_in_vectors(
                 embedding = (SELECT s.embedding FROM reembed_stage s WHERE s.rid = memories.rid)",
         params![new_model_id],
     )?;
-    tx.execute_batch("DROP TABLE reembed_stage")?;
     blend_summaries(&tx, blends)?;
     tx.execute(
         "UPDATE store_meta SET value = ?1 WHERE key = 'model_id'",

@@ -715,6 +715,45 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
     assert!(store.check_index().unwrap().is_consistent());
 }
 
+/// Two re-embeddings at once stage apart: the one that commits first wins whole, the other
+/// finds the store on another model in its last transaction and changes nothing.
+#[test]
+fn two_reembeddings_at_once_do_not_mix() {
+    let dir = tmp();
+    let path = dir.path().join("two.db");
+    let store = open(&path, 4);
+    for i in 0..100 {
+        store
+            .insert(knowledge(&format!("memory {i}")), vec![1.0, 0.0, 0.0, 0.0])
+            .unwrap();
+    }
+    store.close().unwrap();
+    let mut calls = 0;
+    let err = Store::reembed(&path, options(4), "model-b", 2, |texts| {
+        calls += 1;
+        if calls == 1 {
+            // Another re-embedding, to a third model, runs whole meanwhile.
+            Store::reembed(&path, options(4), "model-c", 3, |t| {
+                Ok(t.iter().map(|x| vec![x.len() as f32, 0.0, 1.0]).collect())
+            })
+            .unwrap();
+        }
+        Ok(by_length(texts))
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::ModelMismatch { stored_model, stored_dim: 3, .. } if stored_model == "model-c"),
+        "{err}"
+    );
+    let store = Store::open(&path, StoreOptions::new("model-c", 3)).unwrap();
+    for u in store.scan(&Filter::all(), 0, 1_000).unwrap() {
+        let want = cairn_core::normalized(vec![u.content.len() as f32, 0.0, 1.0]).unwrap();
+        assert_eq!(store.embedding(u.id).unwrap(), want, "{}", u.content);
+    }
+    assert_eq!(store.stats().unwrap().total, 100);
+    assert!(store.check_index().unwrap().is_consistent());
+}
+
 #[test]
 fn bad_input_gets_typed_errors_and_writes_nothing() {
     let dir = tmp();
