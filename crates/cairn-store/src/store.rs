@@ -2423,11 +2423,13 @@ impl Store {
     /// Afterwards the store belongs to `model_id`/`dim` (reopen with matching options).
     ///
     /// The model runs outside the write lock: the new vectors are staged in a TEMP table of
-    /// the re-embedding's own connection (SQLite's temporary file, about the vectors' size;
-    /// gone with the connection, even after a crash), a batch of 64 at a time, while other
-    /// handles go on reading and writing on the old model. Then one transaction embeds what was written or rewritten
-    /// meanwhile, gives every memory its new vector and changes the store's model: a failure
-    /// anywhere leaves the store on the old model, every vector as it was. A handle still
+    /// the re-embedding's own connection (SQLite's temporary file, the size of the texts and
+    /// vectors; gone with the connection, even after a crash), a batch of 64 at a time,
+    /// while other handles go on reading and writing on the old model. Then one transaction
+    /// embeds what was written or rewritten since it was staged, gives every memory its new
+    /// vector and changes the store's model. That transaction holds the write lock while it
+    /// rewrites every row (the vectors go through the WAL: seconds for a large store), so
+    /// other writers wait then. A failure anywhere leaves the store on the old model, every vector as it was. A handle still
     /// open on the old model after the commit, in this process or another, is refused with
     /// [`StoreError::ModelMismatch`] at its next search (or other call that syncs its
     /// index: `stats`, the bounded recall path's reads) or write of a vector (inserts,
@@ -2480,7 +2482,7 @@ impl Store {
             "CREATE TEMP TABLE reembed_stage (
                  rid INTEGER PRIMARY KEY, content TEXT NOT NULL, embedding BLOB NOT NULL);",
         )?;
-        let done = stage_vectors(&mut conn, new_dim, &mut embed).and_then(|()| {
+        let done = stage_vectors(&mut conn, &old, new_dim, &mut embed).and_then(|()| {
             swap_in_vectors(
                 &mut conn,
                 path,
@@ -2526,11 +2528,14 @@ const REEMBED_BATCH: usize = 64;
 /// holding the database's write lock, and writing the TEMP table takes none.
 fn stage_vectors(
     conn: &mut Connection,
+    old: &StoreOptions,
     dim: usize,
     embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
 ) -> Result<()> {
     let mut after = i64::MIN;
     loop {
+        // Another re-embedding committed meanwhile: this one stops at once.
+        schema::check_identity(conn, old)?;
         let page: Vec<(i64, String)> = conn
             .prepare_cached(
                 "SELECT rid, content FROM memories WHERE rid > ?1 ORDER BY rid LIMIT ?2",
@@ -2541,7 +2546,7 @@ fn stage_vectors(
             )?
             .collect::<rusqlite::Result<_>>()?;
         let Some((last, _)) = page.last() else {
-            return Ok(());
+            break;
         };
         after = *last;
         let vecs = embed_rows(&page, dim, embed)?;
@@ -2550,6 +2555,34 @@ fn stage_vectors(
         stage(&tx, &page, &vecs)?;
         tx.commit()?;
     }
+    // The memories rewritten since their batch was staged, caught up here too (a few
+    // rounds: writers may keep rewriting), so the last transaction, which holds the write
+    // lock, embeds few.
+    for _ in 0..3 {
+        let changed = unstaged(conn)?;
+        if changed.len() <= REEMBED_BATCH {
+            break;
+        }
+        for chunk in changed.chunks(REEMBED_BATCH) {
+            let vecs = embed_rows(chunk, dim, embed)?;
+            let tx = conn.transaction()?;
+            stage(&tx, chunk, &vecs)?;
+            tx.commit()?;
+        }
+    }
+    Ok(())
+}
+
+/// The memories whose text is not the one staged for them (written or rewritten since).
+fn unstaged(conn: &Connection) -> Result<Vec<(i64, String)>> {
+    Ok(conn
+        .prepare(
+            "SELECT m.rid, m.content FROM memories m
+               LEFT JOIN reembed_stage s ON s.rid = m.rid AND s.content = m.content
+              WHERE s.rid IS NULL ORDER BY m.rid",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?)
 }
 
 /// Writes staged vectors (see [`stage_vectors`]).
@@ -2579,14 +2612,7 @@ fn swap_in_vectors(
     let tx = begin(conn)?;
     // Another handle may have re-embedded it since the check at the start.
     schema::check_identity(&tx, old)?;
-    let changed: Vec<(i64, String)> = tx
-        .prepare(
-            "SELECT m.rid, m.content FROM memories m
-               LEFT JOIN reembed_stage s ON s.rid = m.rid AND s.content = m.content
-              WHERE s.rid IS NULL ORDER BY m.rid",
-        )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+    let changed = unstaged(&tx)?;
     if !changed.is_empty() {
         tracing::info!(
             memories = changed.len(),

@@ -634,6 +634,7 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
     };
 
     // A failure on the text rewritten meanwhile: it is embedded in the last transaction.
+    let prior = vectors(&writer);
     let mut calls = 0;
     let err = Store::reembed(&path, options(4), "model-b", 2, |texts| {
         calls += 1;
@@ -655,9 +656,11 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
     .unwrap_err();
     assert!(err.to_string().contains("the model failed"), "{err}");
     assert_eq!(calls, 4, "three batches of the 150, then the rewritten one");
-    let before = vectors(&writer);
-    assert_eq!(before.len(), 150);
-    assert!(before.values().all(|v| v.len() == 4));
+    // Every vector as it was, but the one the writer rewrote meanwhile (its own, old model).
+    let mut want = prior;
+    want.insert(ids[0], vec![0.0, 1.0, 0.0, 0.0]);
+    assert_eq!(vectors(&writer), want);
+    // Nothing is left in the file (the staging table is the connection's own).
     assert_eq!(staging(&path), 0);
     // Still the old model's: the writer goes on.
     writer
@@ -685,6 +688,10 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
             );
             writer.delete(ids[149], DeletePolicy::Restrict).unwrap();
         }
+        if calls == 2 {
+            // A memory staged in the first batch.
+            writer.delete(ids[10], DeletePolicy::Restrict).unwrap();
+        }
         Ok(by_length(texts))
     })
     .unwrap();
@@ -698,9 +705,9 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
 
     let store = Store::open(&path, StoreOptions::new("model-b", 2)).unwrap();
     let units = store.scan(&Filter::all(), 0, 1_000).unwrap();
-    assert_eq!(units.len(), 151, "150 + 2 written - 1 deleted");
+    assert_eq!(units.len(), 150, "150 + 2 written - 2 deleted");
     assert!(units.iter().any(|u| Some(u.id) == added));
-    assert!(units.iter().all(|u| u.id != ids[149]));
+    assert!(units.iter().all(|u| u.id != ids[149] && u.id != ids[10]));
     for u in &units {
         let want = cairn_core::normalized(by_length(&[&u.content]).remove(0)).unwrap();
         let got = store.embedding(u.id).unwrap();
@@ -715,8 +722,67 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
     assert!(store.check_index().unwrap().is_consistent());
 }
 
+/// Many memories rewritten while the model runs are embedded again before the last
+/// transaction, without the write lock: a writer on the old model writes while they are
+/// (it would wait, and fail as busy, inside that transaction).
+#[test]
+fn rewrites_meanwhile_are_caught_up_outside_the_write_lock() {
+    let dir = tmp();
+    let path = dir.path().join("catch.db");
+    let writer = open(&path, 4);
+    let ids: Vec<MemoryId> = (0..150)
+        .map(|i| {
+            writer
+                .insert(knowledge(&format!("memory {i}")), vec![1.0, 0.0, 0.0, 0.0])
+                .unwrap()
+                .id
+        })
+        .collect();
+    let mut calls = 0;
+    let mut sizes = Vec::new();
+    Store::reembed(&path, options(4), "model-b", 2, |texts| {
+        calls += 1;
+        sizes.push(texts.len());
+        if calls == 3 {
+            // The last batch: a hundred memories of the first two are rewritten.
+            for (i, id) in ids[..100].iter().enumerate() {
+                writer
+                    .update(
+                        *id,
+                        format!("memory {i}, rewritten"),
+                        None,
+                        vec![0.0, 1.0, 0.0, 0.0],
+                    )
+                    .unwrap();
+            }
+        }
+        if calls == 4 {
+            // Catching them up: the write lock is free.
+            writer
+                .insert(
+                    knowledge("written while catching up"),
+                    vec![0.0, 0.0, 1.0, 0.0],
+                )
+                .unwrap();
+        }
+        Ok(by_length(texts))
+    })
+    .unwrap();
+    // 64 + 64 + 22 staged, the 100 rewritten caught up (64 + 36), the one written while
+    // they were embedded in the last transaction.
+    assert_eq!(sizes, vec![64, 64, 22, 64, 36, 1]);
+    writer.close().unwrap();
+    let store = Store::open(&path, StoreOptions::new("model-b", 2)).unwrap();
+    let units = store.scan(&Filter::all(), 0, 1_000).unwrap();
+    assert_eq!(units.len(), 151);
+    for u in &units {
+        let want = cairn_core::normalized(by_length(&[&u.content]).remove(0)).unwrap();
+        assert_eq!(store.embedding(u.id).unwrap(), want, "{}", u.content);
+    }
+}
+
 /// Two re-embeddings at once stage apart: the one that commits first wins whole, the other
-/// finds the store on another model in its last transaction and changes nothing.
+/// finds the store on another model before its next batch, stops, and changes nothing.
 #[test]
 fn two_reembeddings_at_once_do_not_mix() {
     let dir = tmp();
@@ -745,6 +811,7 @@ fn two_reembeddings_at_once_do_not_mix() {
         matches!(&err, StoreError::ModelMismatch { stored_model, stored_dim: 3, .. } if stored_model == "model-c"),
         "{err}"
     );
+    assert_eq!(calls, 1, "stopped before its second batch");
     let store = Store::open(&path, StoreOptions::new("model-c", 3)).unwrap();
     for u in store.scan(&Filter::all(), 0, 1_000).unwrap() {
         let want = cairn_core::normalized(vec![u.content.len() as f32, 0.0, 1.0]).unwrap();
