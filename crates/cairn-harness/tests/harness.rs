@@ -1491,6 +1491,70 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
     );
 }
 
+/// The other model, whose first call re-embeds the store at `path` with that same model
+/// itself, as another process building a harness with it at the same time would.
+struct Racing {
+    other: Other,
+    path: std::path::PathBuf,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl Embedder for Racing {
+    fn model_id(&self) -> &str {
+        self.other.model_id()
+    }
+    fn dim(&self) -> usize {
+        self.other.dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+        if !self.fired.swap(true, Ordering::SeqCst) {
+            let rival = HashEmbedder::new(48);
+            cairn_store::Store::reembed(
+                &self.path,
+                cairn_store::StoreOptions::new(hash().model_id(), 64),
+                self.other.model_id(),
+                self.other.dim(),
+                |t| rival.embed(t).map_err(|e| e.to_string()),
+            )
+            .unwrap();
+        }
+        self.other.embed(texts)
+    }
+}
+
+/// Two processes open a store of the old model with `.reembed(true)` and the same new model
+/// at once: the one whose re-embedding commits first wins, and the other, finding the store
+/// on the model it asked for, opens it instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_reembedding_onto_one_model_both_open_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.db");
+    let mem = open(&dir, hash()).await;
+    let t = ThreadId::new("t").unwrap();
+    let turns: Vec<NewMemory> = (0..100)
+        .map(|i| NewMemory::conversational(t.clone(), Role::User, format!("turn {i} of many")))
+        .collect();
+    mem.add_many(turns).await.unwrap();
+    mem.close().await.unwrap();
+    let racing = Arc::new(Racing {
+        other: Other(HashEmbedder::new(48), None, AtomicUsize::new(0)),
+        path: path.clone(),
+        fired: std::sync::atomic::AtomicBool::new(false),
+    });
+    let mem = MemoryHarness::builder(&path)
+        .embedder(racing.clone())
+        .reembed(true)
+        .build()
+        .await
+        .unwrap();
+    assert!(racing.fired.load(Ordering::SeqCst));
+    let store = mem.sqlite().unwrap();
+    assert_eq!(store.options().model_id, "another-model");
+    assert_eq!(store.stats().unwrap().total, 100);
+    assert!(store.check_index().unwrap().is_consistent());
+    mem.close().await.unwrap();
+}
+
 /// A consolidated thread of `n` turns between two speakers, a turn a minute in sessions of
 /// 40 a day, each of 12 words drawn (seeded) from a skewed vocabulary of 4,000: common
 /// words are in many turns, rare ones in few, as in speech. Returns the texts.
