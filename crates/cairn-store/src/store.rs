@@ -2428,14 +2428,15 @@ impl Store {
     /// while other handles go on reading and writing on the old model. Then one transaction
     /// embeds what was written or rewritten since it was staged, gives every memory its new
     /// vector and changes the store's model. That transaction holds the write lock while it
-    /// rewrites every row (the vectors go through the WAL: seconds for a large store), so
-    /// other writers wait then. A failure anywhere leaves the store on the old model, every vector as it was. A handle still
-    /// open on the old model after the commit, in this process or another, is refused with
-    /// [`StoreError::ModelMismatch`] at its next search (or other call that syncs its
-    /// index: `stats`, the bounded recall path's reads) or write of a vector (inserts,
-    /// summaries, updates, restores), and writes nothing (its vectors and queries are of the
-    /// old model); it reopens with the new one. The new model must
-    /// differ from the old one in name or dimension (a [`StoreError::Config`] otherwise).
+    /// rewrites every row (every vector goes through the WAL), so other writers wait then. A
+    /// failure anywhere leaves the store on the old model, every vector as it was.
+    ///
+    /// A handle still open on the old model after the commit, in this process or another,
+    /// is refused with [`StoreError::ModelMismatch`] at its next search (or other call that
+    /// syncs its index: `stats`, the bounded recall path's reads) or write of a vector
+    /// (inserts, summaries, updates, restores), and writes nothing (its vectors and queries
+    /// are of the old model); it reopens with the new one. The new model must differ from
+    /// the old one in name or dimension (a [`StoreError::Config`] otherwise).
     pub fn reembed(
         path: impl AsRef<Path>,
         old: StoreOptions,
@@ -2450,7 +2451,8 @@ impl Store {
     /// vector of a summary that stands for its sources too: the mean of its text's new
     /// vector and its sources' new centroid (each unit length), as consolidation writes
     /// them; the lowest levels first, so a roll-up's centroid is of its sources' blended
-    /// vectors. All in the one transaction: a failure leaves the store on the old model.
+    /// vectors. The blend is part of the last transaction: a failure leaves the store on the
+    /// old model.
     pub fn reembed_blending(
         path: impl AsRef<Path>,
         old: StoreOptions,
