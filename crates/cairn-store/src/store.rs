@@ -552,7 +552,11 @@ impl Store {
                 }
                 let health = writer_shared.index.health();
                 if health.unsnapshotted > 0 || !snap_exists(&writer_shared.snapshot_dir) {
-                    snapshot(&writer_shared)?;
+                    match snapshot(&conn, &writer_shared) {
+                        // Re-embedded by another handle: this one's index is not the store's.
+                        Err(StoreError::ModelMismatch { .. }) => {}
+                        r => r?,
+                    }
                 }
                 Ok(())
             })?;
@@ -2408,14 +2412,14 @@ impl Store {
 
     /// Writes the index snapshot now.
     pub fn snapshot(&self) -> Result<()> {
-        self.write(|_, shared| snapshot(shared))
+        self.write(|conn, shared| snapshot(conn, shared))
     }
 
     /// Rebuilds the index from the stored embeddings (drops every tombstone).
     pub fn reindex(&self) -> Result<()> {
         self.write(|conn, shared| {
             rebuild(conn, shared, Some("requested".into()))?;
-            snapshot(shared)
+            snapshot(conn, shared)
         })
     }
 
@@ -3388,8 +3392,17 @@ fn snapshot_failed(shared: &Shared, e: &StoreError) {
     f.1 = Some(e.to_string());
 }
 
-/// Writes the snapshot; a success clears the last snapshot error.
-fn snapshot(shared: &Shared) -> Result<()> {
+/// Writes the snapshot; a success clears the last snapshot error. A handle whose store was
+/// re-embedded with another model since it opened writes none (its index is of the old
+/// vectors): [`StoreError::ModelMismatch`].
+fn snapshot(conn: &Connection, shared: &Shared) -> Result<()> {
+    let (model, dim) = conn
+        .prepare_cached(
+            "SELECT (SELECT value FROM store_meta WHERE key = 'model_id'), \
+                    (SELECT value FROM store_meta WHERE key = 'dim')",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    same_model(&shared.options, model, dim)?;
     shared.index.snapshot(&shared.snapshot_dir)?;
     shared
         .snapshot_failures
@@ -3410,12 +3423,12 @@ fn after_index_change(conn: &Connection, shared: &Shared) -> Result<()> {
             start_rebuild(shared, why);
         } else {
             rebuild(conn, shared, Some(why))?;
-            snapshot(shared)?;
+            snapshot(conn, shared)?;
         }
     } else if o.snapshot_every > 0 && h.unsnapshotted >= o.snapshot_every.max(h.points / 10) {
         // A snapshot rewrites the whole graph: spacing them by a tenth of the index keeps
         // the bytes written per new entry constant as the store grows.
-        snapshot(shared)?;
+        snapshot(conn, shared)?;
     }
     Ok(())
 }
@@ -3519,7 +3532,7 @@ fn swap_rebuilt(conn: &Connection, shared: &Shared) {
             n.0 += 1;
             n.1 = Some(r.why);
             drop(n);
-            if let Err(e) = snapshot(shared) {
+            if let Err(e) = snapshot(conn, shared) {
                 snapshot_failed(shared, &e);
             }
         }

@@ -570,7 +570,10 @@ fn a_handle_on_the_old_model_is_refused_after_a_reembedding() {
         })
         .unwrap_err(),
     );
+    // Nor does it write an index snapshot of the old vectors, asked or on closing.
+    refused(stale.snapshot().unwrap_err());
     stale.close().unwrap();
+    assert!(!snapshot_dir(&path).join("manifest.json").exists());
 
     let store = Store::open(&path, StoreOptions::new("model-b", 2)).unwrap();
     let stats = store.stats().unwrap();
