@@ -38,8 +38,10 @@ pub const DEFAULT_CACHE_CAPACITY: usize = 50_000;
 /// count and the counter are rows of the file, so several processes sharing it keep one
 /// bound.
 ///
-/// **Purged.** [`Self::purge`] removes the vectors of given texts; the harness calls it with
-/// the texts of the memories it deletes.
+/// **Purged.** [`Self::purge`] removes the vectors of given texts, under every model; the
+/// harness calls it with the texts of the memories it deletes. [`Self::drop_other_models`]
+/// removes what a model the store is no longer on left behind; the harness calls it when it
+/// opens the cache.
 pub struct CachedEmbedder {
     inner: Arc<dyn Embedder>,
     conn: Mutex<Connection>,
@@ -76,6 +78,21 @@ fn set_meta(conn: &Connection, key: &str, value: i64) -> rusqlite::Result<()> {
     conn.prepare_cached("UPDATE embedding_cache_meta SET value = ?2 WHERE key = ?1")?
         .execute(params![key, value])?;
     Ok(())
+}
+
+/// The distinct model ids of `embedding_cache`, one primary-key seek each (not a scan of
+/// the entries).
+fn models(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    conn.prepare_cached(
+        "WITH RECURSIVE m(id) AS (
+             SELECT min(model_id) FROM embedding_cache
+             UNION ALL
+             SELECT (SELECT min(model_id) FROM embedding_cache WHERE model_id > m.id)
+             FROM m WHERE m.id IS NOT NULL)
+         SELECT id FROM m WHERE id IS NOT NULL",
+    )?
+    .query_map([], |r| r.get(0))?
+    .collect()
 }
 
 /// Evicts the oldest-stamped entries until at most `capacity` remain.
@@ -220,17 +237,18 @@ impl CachedEmbedder {
         .map_err(db_err)
     }
 
-    /// Removes the wrapped model's vectors of `texts` (the texts of deleted memories);
-    /// returns how many entries went. Texts not in the cache are ignored.
+    /// Removes the vectors of `texts` (the texts of deleted memories) under every model: a
+    /// store re-embedded with another model may still hold the old model's vectors of them.
+    /// Returns how many entries went. Texts not in the cache are ignored.
     pub fn purge(&self, texts: &[&str]) -> Result<usize, EmbedError> {
         if texts.is_empty() {
             return Ok(0);
         }
-        let model = self.inner.model_id().to_owned();
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(db_err)?;
+        let models = models(&tx).map_err(db_err)?;
         let mut gone = 0;
         {
             let mut del = tx
@@ -239,13 +257,53 @@ impl CachedEmbedder {
                 )
                 .map_err(db_err)?;
             for t in texts {
-                gone += del.execute(params![model, key(t)]).map_err(db_err)?;
+                let k = key(t);
+                for m in &models {
+                    gone += del.execute(params![m, k]).map_err(db_err)?;
+                }
             }
         }
         let entries = meta(&tx, "entries").map_err(db_err)?;
         set_meta(&tx, "entries", (entries - to_i64(gone)).max(0)).map_err(db_err)?;
         tx.commit().map_err(db_err)?;
         Ok(gone)
+    }
+
+    /// Removes every entry of a model other than the wrapped one (a store holds the vectors
+    /// of one model; the others' are left from before it was re-embedded, and no call would
+    /// read them again). Returns how many entries went.
+    pub fn drop_other_models(&self) -> Result<usize, EmbedError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let others: Vec<String> = models(&conn)
+            .map_err(db_err)?
+            .into_iter()
+            .filter(|m| m != self.inner.model_id())
+            .collect();
+        if others.is_empty() {
+            return Ok(0);
+        }
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db_err)?;
+        let mut gone = 0;
+        for m in &others {
+            gone += tx
+                .execute(
+                    "DELETE FROM embedding_cache WHERE model_id = ?1",
+                    params![m],
+                )
+                .map_err(db_err)?;
+        }
+        let entries = meta(&tx, "entries").map_err(db_err)?;
+        set_meta(&tx, "entries", (entries - to_i64(gone)).max(0)).map_err(db_err)?;
+        tx.commit().map_err(db_err)?;
+        Ok(gone)
+    }
+
+    /// The models the cache holds vectors of, by name.
+    pub fn models(&self) -> Result<Vec<String>, EmbedError> {
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        models(&conn).map_err(db_err)
     }
 
     /// The wrapped embedder.

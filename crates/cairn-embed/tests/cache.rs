@@ -129,3 +129,58 @@ fn purge_forgets_texts() {
     let again = CachedEmbedder::open_with_capacity(model, &db, 100).unwrap();
     assert!(!again.contains("forget me").unwrap());
 }
+
+/// The stand-in under another model id (a store re-embedded from one to the other).
+#[derive(Default)]
+struct Renamed(Counting);
+
+impl Embedder for Renamed {
+    fn model_id(&self) -> &str {
+        "renamed"
+    }
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.0.embed(texts)
+    }
+}
+
+/// A purge removes a text's vectors under every model, and dropping the other models leaves
+/// the wrapped model's entries alone; both keep the count the bound uses.
+#[test]
+fn purge_and_drop_reach_every_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("c.db");
+    let old = CachedEmbedder::open_with_capacity(Arc::new(Counting::default()), &db, 100).unwrap();
+    old.embed(&["a secret", "kept", "old only"]).unwrap();
+    drop(old);
+    let new = CachedEmbedder::open_with_capacity(Arc::new(Renamed::default()), &db, 100).unwrap();
+    new.embed(&["a secret", "kept", "new only"]).unwrap();
+    assert_eq!(new.models().unwrap(), ["counting", "renamed"]);
+    assert_eq!(new.len().unwrap(), 6);
+    // Both models' vectors of the text go.
+    assert_eq!(new.purge(&["a secret"]).unwrap(), 2);
+    assert_eq!(new.len().unwrap(), 4);
+    let old = CachedEmbedder::open_with_capacity(Arc::new(Counting::default()), &db, 100).unwrap();
+    assert!(!old.contains("a secret").unwrap());
+    assert!(old.contains("kept").unwrap() && old.contains("old only").unwrap());
+    drop(old);
+    // The other model's entries go, the wrapped model's stay.
+    assert_eq!(new.drop_other_models().unwrap(), 2);
+    assert_eq!(new.drop_other_models().unwrap(), 0);
+    assert_eq!(new.models().unwrap(), ["renamed"]);
+    assert!(new.contains("kept").unwrap() && new.contains("new only").unwrap());
+    assert_eq!(new.len().unwrap(), 2);
+    // The count follows: 98 more fit without evicting either.
+    let more: Vec<String> = (0..98).map(|i| format!("more {i}")).collect();
+    let refs: Vec<&str> = more.iter().map(String::as_str).collect();
+    new.embed(&refs).unwrap();
+    assert_eq!(new.len().unwrap(), 100);
+    assert!(new.contains("kept").unwrap() && new.contains("new only").unwrap());
+    // An empty cache holds no model.
+    let empty = tempfile::tempdir().unwrap();
+    let c = CachedEmbedder::open(Arc::new(Counting::default()), empty.path().join("e.db")).unwrap();
+    assert!(c.models().unwrap().is_empty());
+    assert_eq!(c.drop_other_models().unwrap(), 0);
+}

@@ -410,15 +410,29 @@ impl HarnessBuilder {
                                     to = %e.model_id(),
                                     "re-embedding the store with the new model"
                                 );
+                                // The model's own error, kept whole for the caller.
+                                let mut failed = None;
                                 let done = Store::reembed_blending(
                                     &store_path,
                                     old,
                                     e.model_id(),
                                     e.dim(),
-                                    |texts| e.embed_checked(texts).map_err(|x| x.to_string()),
+                                    |texts| {
+                                        e.embed_checked(texts).map_err(|x| {
+                                            let said = x.to_string();
+                                            failed = Some(x);
+                                            said
+                                        })
+                                    },
                                     |m| m.contains_key(crate::consolidate::CONSOLIDATION_KEY),
                                 );
                                 match done {
+                                    Err(cairn_store::StoreError::Embedding { reason }) => {
+                                        return Err(failed.map_or_else(
+                                            || cairn_store::StoreError::Embedding { reason }.into(),
+                                            HarnessError::Embed,
+                                        ));
+                                    }
                                     // Another process re-embedded it with this model meanwhile.
                                     Err(cairn_store::StoreError::ModelMismatch {
                                         stored_model: now_on,
@@ -427,7 +441,7 @@ impl HarnessBuilder {
                                     }) if now_on == e.model_id() && now_dim == e.dim() => {}
                                     r => r?,
                                 }
-                                Store::open(store_path, reopen)
+                                Ok::<_, HarnessError>(Store::open(store_path, reopen)?)
                             })
                             .await??
                         }
@@ -441,8 +455,23 @@ impl HarnessBuilder {
         let (embedder, cache) = if cache && sqlite.is_some() {
             let inner = base.clone();
             let c = Arc::new(
-                blocking(move || CachedEmbedder::open_with_capacity(inner, path, cache_capacity))
-                    .await??,
+                blocking(move || {
+                    let c = CachedEmbedder::open_with_capacity(inner, path, cache_capacity)?;
+                    // Vectors of a model the store was on before a re-embedding: no call
+                    // reads them again.
+                    match c.drop_other_models() {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(
+                            entries = n,
+                            "dropped the embedding cache's vectors of other models"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the embedding cache keeps other models' vectors");
+                        }
+                    }
+                    Ok::<_, cairn_core::EmbedError>(c)
+                })
+                .await??,
             );
             (c.clone() as Arc<dyn Embedder>, Some(c))
         } else {

@@ -1379,6 +1379,8 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
         }
     };
     let before = all(&mem).await;
+    let cached = mem.embedding_cache().unwrap().models().unwrap();
+    assert_eq!(cached, [hash().model_id()]);
     mem.close().await.unwrap();
 
     let other =
@@ -1413,7 +1415,11 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
         .build()
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("the model failed"), "{err}");
+    // The model's own error, typed as the embedder's.
+    assert!(
+        matches!(&err, HarnessError::Embed(cairn_core::EmbedError::Inference(m)) if m == "the model failed"),
+        "{err}"
+    );
     assert!(failing.2.load(Ordering::SeqCst) >= 64);
     let mem = open(&dir, hash()).await;
     assert_eq!(all(&mem).await, before);
@@ -1426,6 +1432,9 @@ async fn another_model_is_an_error_unless_the_store_is_reembedded() {
         .build()
         .await
         .unwrap();
+    // The cache dropped the old model's vectors when it opened on the new one.
+    let cached = mem.embedding_cache().unwrap().models().unwrap();
+    assert!(cached.is_empty(), "{cached:?}");
     let after = all(&mem).await;
     assert_eq!(after.len(), before.len());
     let e = other();

@@ -113,6 +113,14 @@ pub enum StoreError {
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The model failed while re-embedding the store ([`crate::Store::reembed`]): it
+    /// returned an error or the wrong number of vectors. The store is still on its model,
+    /// every vector as it was.
+    #[error("re-embedding failed: {reason}; the store is unchanged")]
+    Embedding {
+        /// What the model said, or what was wrong with its answer.
+        reason: String,
+    },
     /// The writer thread has stopped (it panicked or the store is closing).
     #[error("the store's writer thread has stopped")]
     WriterGone,

@@ -2433,7 +2433,9 @@ impl Store {
     /// embeds what was written or rewritten since it was staged, gives every memory its new
     /// vector and changes the store's model. That transaction holds the write lock while it
     /// rewrites every row (every vector goes through the WAL), so other writers wait then. A
-    /// failure anywhere leaves the store on the old model, every vector as it was.
+    /// failure anywhere leaves the store on the old model, every vector as it was; the
+    /// model's own (an error from `embed`, or the wrong number of vectors) is
+    /// [`StoreError::Embedding`].
     ///
     /// A handle still open on the old model after the commit, in this process or another,
     /// is refused with [`StoreError::ModelMismatch`] at its next search (or other call that
@@ -2511,12 +2513,15 @@ fn embed_rows(
     embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
 ) -> Result<Vec<Vec<f32>>> {
     let texts: Vec<&str> = rows.iter().map(|(_, t)| t.as_str()).collect();
-    let vecs =
-        embed(&texts).map_err(|e| StoreError::Config(format!("re-embedding failed: {e}")))?;
+    let vecs = embed(&texts).map_err(|reason| StoreError::Embedding { reason })?;
     if vecs.len() != rows.len() {
-        return Err(StoreError::Config(
-            "re-embedding returned the wrong number of vectors".into(),
-        ));
+        return Err(StoreError::Embedding {
+            reason: format!(
+                "the model returned {} vectors for {} texts",
+                vecs.len(),
+                rows.len()
+            ),
+        });
     }
     vecs.into_iter()
         .map(|v| {

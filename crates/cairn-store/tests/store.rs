@@ -453,6 +453,22 @@ fn reembedding_changes_the_model_identity() {
         .insert(knowledge("alpha"), vec![1.0, 0.0, 0.0, 0.0])
         .unwrap();
     store.close().unwrap();
+    // A model that answers with one vector too few is the model's error, and changes nothing.
+    let err = Store::reembed(&path, options(4), "model-b", 2, |texts| {
+        Ok(vec![vec![0.0, 1.0]; texts.len() - 1])
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Embedding { reason } if reason.contains("0 vectors for 1 texts")),
+        "{err}"
+    );
+    assert_eq!(
+        Store::open(&path, options(4))
+            .unwrap()
+            .embedding(a.id)
+            .unwrap(),
+        vec![1.0, 0.0, 0.0, 0.0]
+    );
     Store::reembed(&path, options(4), "model-b", 2, |texts| {
         Ok(texts
             .iter()
@@ -657,7 +673,10 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
         Ok(by_length(texts))
     })
     .unwrap_err();
-    assert!(err.to_string().contains("the model failed"), "{err}");
+    assert!(
+        matches!(&err, StoreError::Embedding { reason } if reason == "the model failed"),
+        "{err}"
+    );
     assert_eq!(calls, 4, "three batches of the 150, then the rewritten one");
     // Every vector as it was, but the one the writer rewrote meanwhile (its own, old model).
     let mut want = prior;
