@@ -30,6 +30,19 @@ pub const SEED: u64 = 0x00C0_FFEE_CA1B;
 /// The least time between the end of one session and the start of the next.
 const SESSION_GAP_S: i64 = 60;
 
+/// What a haystack session is called: the haystack gives every session the
+/// needle's two speakers; keeping the other conversations' own names is a diagnostic that
+/// measures what the renaming costs (their turns then say whose they are).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Speakers {
+    /// The needle's two speakers, in the prefix, `metadata.speaker` and the text.
+    #[default]
+    Renamed,
+    /// Each conversation's own speakers (the needle's own sessions are the needle's).
+    Kept,
+}
+
 /// One LoCoMo conversation, parsed.
 #[derive(Debug, Clone)]
 pub struct Conversation {
@@ -199,6 +212,7 @@ pub fn build_thread(
     needle: usize,
     target: usize,
     seed: u64,
+    speakers: Speakers,
 ) -> Result<Vec<NewMemory>> {
     let Some(n) = convs.get(needle) else {
         bail!("no conversation {needle} (there are {})", convs.len());
@@ -261,7 +275,7 @@ pub fn build_thread(
         }
         let start = start.unwrap_or_else(|| timeline.last_end() + SESSION_GAP_S + 3_600);
         timeline.take(start, start + len);
-        thread.extend(haystack_session(n, s, *round, k, start)?);
+        thread.extend(haystack_session(n, s, *round, k, start, speakers)?);
     }
     thread.sort_by_key(|m| m.created_at);
     Ok(thread)
@@ -274,9 +288,13 @@ fn haystack_session(
     round: usize,
     k: usize,
     start: i64,
+    speakers: Speakers,
 ) -> Result<Vec<NewMemory>> {
     let [from_a, from_b] = &s.conv.speakers;
-    let [to_a, to_b] = &needle.speakers;
+    let [to_a, to_b] = match speakers {
+        Speakers::Renamed => &needle.speakers,
+        Speakers::Kept => &s.conv.speakers,
+    };
     let names = [
         (from_a.as_str(), to_a.as_str()),
         (from_b.as_str(), to_b.as_str()),
@@ -381,6 +399,8 @@ pub struct HaystackReport {
     pub budget: usize,
     /// The seed of the threads.
     pub seed: u64,
+    /// What the haystack's sessions call their speakers.
+    pub speakers: Speakers,
     /// `assemble_context`'s options.
     pub options: ContextOptions,
     /// The needles (file stems).
@@ -410,6 +430,7 @@ pub async fn haystack(
     options: ContextOptions,
     needles: &[String],
     store_dir: Option<&Path>,
+    speakers: Speakers,
 ) -> Result<HaystackReport> {
     if let Some(0) = sizes.iter().min() {
         bail!("--haystack sizes must be positive");
@@ -467,8 +488,11 @@ pub async fn haystack(
         let mut per_needle = BTreeMap::new();
         for &i in &chosen {
             let c = &convs[i];
-            let thread = build_thread(&convs, i, n, SEED)?;
-            let path = place(format!("hay{n}-{}.db", c.stem));
+            let thread = build_thread(&convs, i, n, SEED, speakers)?;
+            let path = match speakers {
+                Speakers::Renamed => place(format!("hay{n}-{}.db", c.stem)),
+                Speakers::Kept => place(format!("hay{n}-kept-{}.db", c.stem)),
+            };
             let run = run_store(&path, c, thread, budget, options).await?;
             eprintln!(
                 "haystack {n}, needle {}: {} turns, consolidated in {:.1} s",
@@ -498,6 +522,7 @@ pub async fn haystack(
     Ok(HaystackReport {
         budget,
         seed: SEED,
+        speakers,
         options,
         needles: chosen.iter().map(|&i| convs[i].stem.clone()).collect(),
         rows,
@@ -680,10 +705,11 @@ async fn check_reuse(
 /// A Markdown table of the report: one row per size, then recall per needle.
 pub fn table(r: &HaystackReport) -> String {
     let mut s = format!(
-        "LoCoMo haystack: needles {}, budget {} tokens, seed {}\n\n| N | turns | questions | evidence recall | full-hit | recall alone | full-hit alone | recall / full-hit, copies counted | latency p50 / p99 (ms) | alone p50 / p99 (ms) | consolidation (s) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "LoCoMo haystack: needles {}, budget {} tokens, seed {}, haystack speakers {:?}\n\n| N | turns | questions | evidence recall | full-hit | recall alone | full-hit alone | recall / full-hit, copies counted | latency p50 / p99 (ms) | alone p50 / p99 (ms) | consolidation (s) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         r.needles.join(", "),
         r.budget,
-        r.seed
+        r.seed,
+        r.speakers
     );
     for row in &r.rows {
         let f = &row.overall;
@@ -782,7 +808,7 @@ mod tests {
     #[test]
     fn needle_turns_are_unchanged() {
         let c = convs();
-        let thread = build_thread(&c, 0, 60, 7).unwrap();
+        let thread = build_thread(&c, 0, 60, 7, Speakers::Renamed).unwrap();
         let by_id: HashMap<_, _> = thread.iter().map(|m| (m.id, m)).collect();
         assert_eq!(by_id.len(), thread.len(), "ids are distinct");
         for t in &c[0].turns {
@@ -809,14 +835,19 @@ mod tests {
         let c = convs();
         let largest = 5;
         for target in [13, 20, 40, 57, 100, 250] {
-            let n = build_thread(&c, 0, target, 1).unwrap().len();
+            let n = build_thread(&c, 0, target, 1, Speakers::Renamed)
+                .unwrap()
+                .len();
             assert!(n >= target && n < target + largest, "{target}: {n}");
         }
         // A needle longer than the target is left alone.
-        assert_eq!(build_thread(&c, 0, 5, 1).unwrap(), c[0].turns);
+        assert_eq!(
+            build_thread(&c, 0, 5, 1, Speakers::Renamed).unwrap(),
+            c[0].turns
+        );
         // Past every donor's turns, the needle's own sessions come in (as haystack), then
         // the donors again.
-        let big = build_thread(&c, 0, 100, 1).unwrap();
+        let big = build_thread(&c, 0, 100, 1, Speakers::Renamed).unwrap();
         let ids: Vec<&str> = big.iter().map(dia).collect();
         assert!(ids.iter().any(|d| d.starts_with("hay:0:needle:")));
         assert!(ids.iter().any(|d| d.starts_with("hay:1:swap:")));
@@ -825,7 +856,7 @@ mod tests {
     #[test]
     fn haystack_dia_ids_never_name_a_needle_turn() {
         let c = convs();
-        let thread = build_thread(&c, 0, 100, 3).unwrap();
+        let thread = build_thread(&c, 0, 100, 3, Speakers::Renamed).unwrap();
         let needle: HashSet<&str> = c[0].turns.iter().map(dia).collect();
         let hay: Vec<&str> = thread
             .iter()
@@ -840,7 +871,7 @@ mod tests {
     #[test]
     fn speakers_are_the_needles_two() {
         let c = convs();
-        let thread = build_thread(&c, 0, 100, 5).unwrap();
+        let thread = build_thread(&c, 0, 100, 5, Speakers::Renamed).unwrap();
         for m in &thread {
             let who = m.speaker().unwrap();
             assert!(who == "Ann" || who == "Bob", "{m:?}");
@@ -865,9 +896,35 @@ mod tests {
     }
 
     #[test]
+    fn kept_speakers_are_each_conversations_own() {
+        let c = convs();
+        let renamed = build_thread(&c, 0, 100, 5, Speakers::Renamed).unwrap();
+        let kept = build_thread(&c, 0, 100, 5, Speakers::Kept).unwrap();
+        // The same sessions on the same days, under other names.
+        assert_eq!(kept.len(), renamed.len());
+        for (k, r) in kept.iter().zip(&renamed) {
+            assert_eq!((k.id, k.created_at), (r.id, r.created_at));
+            let stem = dia(k).split(':').nth(2).unwrap_or("needle").to_owned();
+            let own = &c.iter().find(|x| x.stem == stem).unwrap().speakers;
+            let who = k.speaker().unwrap();
+            assert!(own.iter().any(|s| s == who), "{k:?}");
+            assert!(k.content.starts_with(&format!("{who}: ")), "{}", k.content);
+        }
+        let swap = kept
+            .iter()
+            .find(|m| dia(m).ends_with(":swap:D1:1"))
+            .unwrap();
+        assert_eq!(
+            swap.content,
+            "Bob: Cleo, it's Bob from swap session 1; Cleo's plan, BobCleox."
+        );
+        assert!(kept.iter().any(|m| m.speaker() == Some("Dan")));
+    }
+
+    #[test]
     fn sessions_interleave_in_time_without_overlap() {
         let c = convs();
-        let thread = build_thread(&c, 0, 250, 11).unwrap();
+        let thread = build_thread(&c, 0, 250, 11, Speakers::Renamed).unwrap();
         let t = |m: &NewMemory| m.created_at.unwrap();
         let first = c[0].turns.first().map(t).unwrap();
         let last = c[0].turns.last().map(t).unwrap();
@@ -904,20 +961,20 @@ mod tests {
     fn deterministic_for_a_seed() {
         let c = convs();
         assert_eq!(
-            build_thread(&c, 0, 100, 9).unwrap(),
-            build_thread(&c, 0, 100, 9).unwrap()
+            build_thread(&c, 0, 100, 9, Speakers::Renamed).unwrap(),
+            build_thread(&c, 0, 100, 9, Speakers::Renamed).unwrap()
         );
         assert_ne!(
-            build_thread(&c, 0, 100, 9).unwrap(),
-            build_thread(&c, 0, 100, 10).unwrap()
+            build_thread(&c, 0, 100, 9, Speakers::Renamed).unwrap(),
+            build_thread(&c, 0, 100, 10, Speakers::Renamed).unwrap()
         );
-        assert!(build_thread(&c, 3, 100, 9).is_err());
+        assert!(build_thread(&c, 3, 100, 9, Speakers::Renamed).is_err());
     }
 
     #[test]
     fn copies_of_needle_turns_are_recognised() {
         let c = convs();
-        let thread = build_thread(&c, 0, 100, 2).unwrap();
+        let thread = build_thread(&c, 0, 100, 2, Speakers::Renamed).unwrap();
         let copies: Vec<&str> = thread
             .iter()
             .map(dia)

@@ -361,6 +361,11 @@ enum EvalCommand {
         /// that hold the same thread (no import, no consolidation).
         #[arg(long, value_name = "DIR", requires = "haystack")]
         store_dir: Option<PathBuf>,
+        /// With --haystack: what the other conversations' sessions call their speakers:
+        /// `renamed` to the needle's two (the evaluation), or `kept` (a diagnostic of what
+        /// the renaming costs; stores `hay<N>-kept-<stem>.db`).
+        #[arg(long, value_enum, default_value = "renamed", requires = "haystack")]
+        haystack_speakers: eval_haystack::Speakers,
         /// Options for `assemble_context` as JSON (fields left out keep their defaults),
         /// e.g. '{"weights": {"names_out_of_vector": false}}'.
         #[arg(long, value_name = "JSON")]
@@ -1092,6 +1097,7 @@ async fn run(mut cli: Cli) -> Result<()> {
                     haystack,
                     needles,
                     store_dir,
+                    haystack_speakers,
                     json,
                     ..
                 },
@@ -1104,6 +1110,7 @@ async fn run(mut cli: Cli) -> Result<()> {
                 options,
                 &needles,
                 store_dir.as_deref(),
+                haystack_speakers,
             )
             .await?;
             if json {
