@@ -141,7 +141,9 @@ enum Command {
         json: bool,
     },
     /// Forget memories so that nothing recalls them: delete them, rewrite the summaries
-    /// built on them from what remains, drop their cached embeddings.
+    /// built on them from what remains, drop their cached embeddings, and scrub their
+    /// bytes from a SQLite store's files (database, log, index snapshot; not done while
+    /// another process holds an older read, nor on PostgreSQL: the output says which).
     Forget {
         /// A memory (repeatable).
         #[arg(long)]
@@ -777,10 +779,15 @@ async fn run(mut cli: Cli) -> Result<()> {
                 print_json(&r)?;
             } else {
                 println!(
-                    "forgot {} memories; {} summaries rewritten, {} dropped",
+                    "forgot {} memories; {} summaries rewritten, {} dropped; {}",
                     r.deleted.len(),
                     r.resummarized.len(),
-                    r.dropped.len()
+                    r.dropped.len(),
+                    if r.erased {
+                        "the files hold none of their bytes"
+                    } else {
+                        "their bytes may stay in the files until reused (see `forget --help`)"
+                    }
                 );
             }
         }

@@ -142,6 +142,9 @@ impl CachedEmbedder {
             .map_err(db_err)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(db_err)?;
+        // A purged text's vector is overwritten, not left in the file's free space.
+        conn.pragma_update(None, "secure_delete", "ON")
+            .map_err(db_err)?;
         // One plan whatever the bound values: SQLite built with STAT4 would re-prepare the
         // look-up on every new key otherwise.
         conn.set_db_config(

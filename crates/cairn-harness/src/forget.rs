@@ -63,6 +63,14 @@ pub struct ForgetReport {
     /// instead, so that no text of what was forgotten survives in them; their sources stay
     /// and are summarized again by the next consolidation.
     pub dropped: Vec<MemoryId>,
+    /// Whether the store's files were scrubbed too (see
+    /// [`cairn_store::Store::erase_deleted`]): no byte of what was forgotten is left in the
+    /// database, its log, its index snapshot or the embedding cache. `false` on PostgreSQL
+    /// (a deleted row's bytes stay in its table until the space is reused), when another
+    /// process was reading an older snapshot of a SQLite store (its log is truncated by a
+    /// later forget or checkpoint), or when the embedding cache could not be purged.
+    #[serde(default)]
+    pub erased: bool,
 }
 
 /// Memories read per page while collecting what a thread or a filter holds.
@@ -163,7 +171,9 @@ impl MemoryHarness {
     /// keeps, level by level up the tree (or deleted when none remain, or when the
     /// summarizer fails), and the embedding cache drops the texts of everything deleted or
     /// rewritten. No search, context, expansion or summary text returns a forgotten memory
-    /// afterwards.
+    /// afterwards, and the store's files are scrubbed of it
+    /// ([`cairn_store::MemoryBackend::erase_deleted`]; [`ForgetReport::erased`] says
+    /// whether that was done whole).
     ///
     /// An unknown id in [`Forget::Ids`] is `NotFound` and forgets nothing.
     pub async fn forget(&self, what: Forget) -> Result<ForgetReport> {
@@ -177,6 +187,7 @@ impl MemoryHarness {
             Forget::Everything => (self.collect_ids(Filter::all()).await?, None),
         };
         let mut report = ForgetReport::default();
+        let mut purged = true;
         if !ids.is_empty() {
             let inner = self.inner.clone();
             // The texts of everything deleted (summaries left with no source too) go from
@@ -243,10 +254,14 @@ impl MemoryHarness {
             }
             if let Some(cache) = &self.inner.cache {
                 let cache = cache.clone();
-                blocking(move || {
+                purged = blocking(move || {
                     let refs: Vec<&str> = purge.iter().map(String::as_str).collect();
-                    if let Err(e) = cache.purge(&refs) {
-                        tracing::warn!(error = %e, "forgotten texts stay in the embedding cache");
+                    match cache.purge(&refs) {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "forgotten texts stay in the embedding cache");
+                            false
+                        }
                     }
                 })
                 .await?;
@@ -256,6 +271,11 @@ impl MemoryHarness {
             let inner = self.inner.clone();
             blocking(move || inner.store.clear_thread_state(&t)).await??;
         }
+        // What the deletes left in the files goes too: the log's older frames, the index
+        // snapshot's vectors.
+        let inner = self.inner.clone();
+        let erased = blocking(move || inner.store.erase_deleted()).await??;
+        report.erased = erased && purged;
         Ok(report)
     }
 

@@ -12,8 +12,8 @@ use crate::{HarnessError, Result};
 
 /// Exact counts for an OpenAI encoding (tiktoken-rs; the BPE ranks ship inside the crate).
 ///
-/// Counts of texts up to [`MEMO_MAX_TEXT`] bytes are remembered (keyed by a 64-bit hash of
-/// the text, at most [`MEMO_ENTRIES`] of them, forgotten all at once when full): context
+/// Counts of texts up to `MEMO_MAX_TEXT` bytes are remembered (keyed by a 64-bit hash of
+/// the text, at most `MEMO_ENTRIES` of them, forgotten all at once when full): context
 /// assembly counts the same turns and summaries again on every call, and the regex
 /// pre-tokenizer was a third of its time.
 pub struct TiktokenCounter {

@@ -380,7 +380,7 @@ async fn cursor_paging_is_stable_under_writes() {
 async fn forgotten_is_not_recalled() {
     let dir = tempfile::tempdir().unwrap();
     let model: Arc<dyn Embedder> = Arc::new(FastEmbedder::new().unwrap());
-    let mem = open(&dir, model).await;
+    let mem = open(&dir, model.clone()).await;
     let t0 = now() - Duration::days(3);
     let lines = [
         "I started running again this week, three times around the park.",
@@ -437,10 +437,34 @@ async fn forgotten_is_not_recalled() {
     let cache = mem.embedding_cache().unwrap().clone();
     assert!(cache.contains(lines[2]).unwrap());
 
+    // What the files hold: the turn's text and summaries' (rows), its vector (the row, the
+    // embedding cache).
+    let vector: Vec<u8> = model.embed(&[lines[2]]).unwrap()[0][..4]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let needles: [&[u8]; 4] = [
+        lines[2].as_bytes(),
+        b"combination 4417; knees",
+        b"(locker 4417)",
+        &vector,
+    ];
+    for n in needles {
+        assert!(!holding(dir.path(), n).is_empty(), "before: {n:?}");
+    }
+
     let report = mem.forget(Forget::Ids(vec![secret])).await.unwrap();
     assert_eq!(report.deleted, vec![secret]);
     assert_eq!(report.resummarized, vec![s1, s2], "lowest level first");
     assert!(report.dropped.is_empty());
+    assert!(report.erased, "no other reader: the files are scrubbed");
+    for n in needles {
+        assert_eq!(
+            holding(dir.path(), n),
+            Vec::<std::path::PathBuf>::new(),
+            "{n:?}"
+        );
+    }
 
     for mode in [SearchMode::Vector, SearchMode::Keyword, SearchMode::Hybrid] {
         for q in ["what is my gym locker code", "4417", "locker combination"] {
@@ -481,6 +505,33 @@ async fn forgotten_is_not_recalled() {
     let all = mem.list_page(Filter::all(), None, 1_000).await.unwrap();
     assert_eq!(all.items.len(), 10);
     assert!(all.items.iter().all(|m| !leak(&m.content)));
+    // Closed (the index snapshot written), the files still hold none of it.
+    mem.close().await.unwrap();
+    for n in needles {
+        assert_eq!(
+            holding(dir.path(), n),
+            Vec::<std::path::PathBuf>::new(),
+            "closed: {n:?}"
+        );
+    }
+}
+
+/// The files under `dir` (recursively) that hold `needle`.
+fn holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(holding(&p, needle));
+        } else if std::fs::read(&p)
+            .unwrap()
+            .windows(needle.len())
+            .any(|w| w == needle)
+        {
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// Forgetting by thread, by metadata (a user) and everything: summaries left with no

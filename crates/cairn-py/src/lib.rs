@@ -355,7 +355,7 @@ async fn dispatch(h: MemoryHarness, method: String, args: Value) -> Out {
             };
             let r = h.forget(what).await?;
             let s = |v: &[MemoryId]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
-            json!({"deleted": s(&r.deleted), "resummarized": s(&r.resummarized), "dropped": s(&r.dropped)})
+            json!({"deleted": s(&r.deleted), "resummarized": s(&r.resummarized), "dropped": s(&r.dropped), "erased": r.erased})
         }
         "history" => memories(&h.history(a.id("id")?).await?),
         "recent" => {

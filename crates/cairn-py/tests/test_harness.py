@@ -521,6 +521,7 @@ def test_where_filters_paging_and_forget(harness, past):
     assert any(i["section"] == "related" for i in ctx["items"])
     r = harness.forget(where={"user_id": "bo"})
     assert len(r["deleted"]) == 3
+    assert r["erased"] is True  # nothing else reads the file: scrubbed
     assert all(h["metadata"]["user_id"] == "ana" for h in harness.search("garden", k=10))
     with pytest.raises(InvalidInput):
         harness.forget()

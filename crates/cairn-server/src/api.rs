@@ -157,6 +157,10 @@ pub struct Forgotten {
     pub resummarized: Vec<String>,
     /// Summaries deleted because they could not be rewritten.
     pub dropped: Vec<String>,
+    /// Whether the store's files were scrubbed of what was forgotten too (false on
+    /// PostgreSQL, or while another process held an older read of a SQLite store).
+    #[serde(default)]
+    pub erased: bool,
 }
 
 /// The ids of the memories added, in the order given.

@@ -476,6 +476,7 @@ impl Service {
             deleted: s(&r.deleted),
             resummarized: s(&r.resummarized),
             dropped: s(&r.dropped),
+            erased: r.erased,
         })
     }
 

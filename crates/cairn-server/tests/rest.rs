@@ -617,6 +617,7 @@ fn keys_patches_filters_paging_and_forget() {
     );
     assert_eq!(st, 200, "{r}");
     assert_eq!(r["deleted"].as_array().unwrap().len(), 5);
+    assert_eq!(r["erased"], true, "nothing else reads the file: scrubbed");
     let (_, hits) = s.call(
         "POST",
         "/v1/search",

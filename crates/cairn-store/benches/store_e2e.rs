@@ -154,6 +154,85 @@ fn main() {
         );
     }
     leaves_of_a_deep_tree();
+    println!();
+    println!("| memories | delete p50 / p99 (ms) | erase after deleting a tenth (ms) |");
+    println!("|---:|---:|---:|");
+    for n in common::sizes("10000,100000") {
+        deletes_and_erase(n);
+    }
+}
+
+/// What deleting costs one memory at a time (each delete its own transaction, deleted
+/// content overwritten), and what erasing what the deletes left costs afterwards
+/// (`Store::erase_deleted`: the keyword index merged, the index snapshot written again, the
+/// log checkpointed and truncated): `n` sentences of 25 words, a tenth of them deleted.
+fn deletes_and_erase(n: usize) {
+    let mut rng = StdRng::seed_from_u64(n as u64);
+    let clusters = Clusters::new(&mut rng, 500, 0.06);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("del.db");
+    let store = Store::open(&path, StoreOptions::new("bench", DIM)).unwrap();
+    const WORDS: &[&str] = &[
+        "train",
+        "Porto",
+        "sister",
+        "wedding",
+        "parser",
+        "bug",
+        "sourdough",
+        "budget",
+        "Alps",
+        "puppy",
+        "Spanish",
+        "garden",
+        "tomatoes",
+        "concert",
+        "tickets",
+        "deadline",
+        "review",
+        "bicycle",
+        "repair",
+        "novel",
+        "lighthouse",
+        "coast",
+        "Easter",
+        "running",
+        "knees",
+    ];
+    let mut ids = Vec::new();
+    for b in 0..n / 1_000 {
+        let items = (0..1_000)
+            .map(|i| {
+                let k = b * 1_000 + i;
+                let text: Vec<&str> = (0..25)
+                    .map(|j| WORDS[(k * 31 + j * 7) % WORDS.len()])
+                    .collect();
+                (
+                    NewMemory::new(MemoryKind::Knowledge, format!("{k}: {}", text.join(" "))),
+                    clusters.draw(&mut rng),
+                )
+            })
+            .collect();
+        ids.extend(store.insert_batch(items).unwrap().into_iter().map(|m| m.id));
+    }
+    store.snapshot().unwrap();
+    let mut times = Vec::new();
+    for id in ids.iter().step_by(10) {
+        let t = Instant::now();
+        store
+            .delete(*id, cairn_store::DeletePolicy::Restrict)
+            .unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let t = Instant::now();
+    let whole = store.erase_deleted().unwrap();
+    let erase = t.elapsed().as_secs_f64() * 1e3;
+    assert!(whole);
+    println!(
+        "| {n} | {:.3} / {:.3} | {erase:.1} |",
+        pct(times.clone(), 0.5),
+        pct(times, 0.99)
+    );
 }
 
 /// `leaves` (the store side of `expand_to_leaves`) of a 3-level tree over 8,000 leaves:

@@ -406,6 +406,14 @@ pub trait MemoryBackend: Send + Sync {
         Ok(())
     }
 
+    /// Erases from the backend's files what deleted memories left there (see
+    /// [`crate::Store::erase_deleted`]); `true` when nothing of them is left. The default
+    /// erases nothing and says so: PostgreSQL keeps a deleted row's bytes in its table's
+    /// pages until they are reused (`VACUUM` frees the space, it does not overwrite it).
+    fn erase_deleted(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Rebuilds the vector index from the stored embeddings.
     fn reindex(&self) -> Result<()>;
 
@@ -1118,6 +1126,10 @@ impl MemoryBackend for crate::Store {
 
     fn snapshot(&self) -> Result<()> {
         crate::Store::snapshot(self)
+    }
+
+    fn erase_deleted(&self) -> Result<bool> {
+        crate::Store::erase_deleted(self)
     }
 
     fn reindex(&self) -> Result<()> {

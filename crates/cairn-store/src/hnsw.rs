@@ -1261,7 +1261,38 @@ impl Hnsw {
 
     /// Writes the graph (little-endian; read back by [`Self::read_from`]).
     pub fn write_to(&self, w: &mut impl Write) -> Result<(), HnswError> {
+        self.write_to_erasing(w, |_| true).map(|_| ())
+    }
+
+    /// [`Self::write_to`], writing zeros for the vector of every node whose label `live`
+    /// rejects, unless another label holding the same vector (its twin chain) is live: the
+    /// file keeps no vector of what was deleted, while the graph's links stay as they are
+    /// (an erased node is a tombstone; a walk through it finds it far from every query).
+    /// Returns how many nodes were erased.
+    pub fn write_to_erasing(
+        &self,
+        w: &mut impl Write,
+        live: impl Fn(u64) -> bool,
+    ) -> Result<usize, HnswError> {
         let n = self.len();
+        // A chain's vector is kept when any of its labels is live.
+        let head = |i: usize| -> usize {
+            match self.heads.get(i).map(|h| h.load(Mem::Acquire)) {
+                Some(h) if h != NO_TWIN => h as usize,
+                _ => i,
+            }
+        };
+        let mut kept = vec![false; n];
+        for (i, label) in self.labels.iter().enumerate() {
+            if live(*label) {
+                if let Some(k) = kept.get_mut(head(i)) {
+                    *k = true;
+                }
+            }
+        }
+        let erased: Vec<bool> = (0..n)
+            .map(|i| !kept.get(head(i)).copied().unwrap_or(false))
+            .collect();
         let (entry_node, entry_level) = self
             .entry()
             .map_or((u64::MAX, 0), |(e, l)| (u64::from(e), l));
@@ -1280,9 +1311,20 @@ impl Hnsw {
         w.write_all(&entry_node.to_le_bytes())?;
         write_pod(w, &self.labels, u64::swap_bytes)?;
         w.write_all(&self.levels)?;
-        write_pod(w, &self.vectors, |x: f32| {
-            f32::from_bits(x.to_bits().swap_bytes())
-        })?;
+        let swap = |x: f32| f32::from_bits(x.to_bits().swap_bytes());
+        if erased.iter().any(|e| *e) {
+            let zeros = vec![0.0f32; self.dim];
+            for (i, e) in erased.iter().enumerate() {
+                let v = if *e {
+                    &zeros[..]
+                } else {
+                    self.vector(i as u32)
+                };
+                write_pod(w, v, swap)?;
+            }
+        } else {
+            write_pod(w, &self.vectors, swap)?;
+        }
         let links: Vec<u32> = self.links0.iter().map(|a| a.load(Mem::Acquire)).collect();
         write_pod(w, &links, u32::swap_bytes)?;
         let upper: Vec<u32> = self
@@ -1293,7 +1335,17 @@ impl Hnsw {
         write_pod(w, &upper, u32::swap_bytes)?;
         let twins: Vec<u32> = self.twins.iter().map(|a| a.load(Mem::Acquire)).collect();
         write_pod(w, &twins, u32::swap_bytes)?;
-        Ok(())
+        Ok(erased.iter().filter(|e| **e).count())
+    }
+
+    /// Whether the node holding `label` has no vector: written by
+    /// [`Self::write_to_erasing`] for a deleted label and read back (every vector inserted
+    /// is unit length, so only an erased one is zero). `false` for a label not in the graph.
+    pub fn is_erased(&self, label: u64) -> bool {
+        self.nodes
+            .get(&label)
+            .and_then(|n| self.scales.get(*n as usize))
+            .is_some_and(|s| *s == 0.0)
     }
 
     /// Reads a graph written by [`Self::write_to`], checking that it was made with `params`
@@ -2123,6 +2175,9 @@ mod tests {
         "Hnsw::twin_key",
         "Hnsw::twin_labels",
         "Hnsw::write_to",
+        "Hnsw::write_to_erasing",
+        "Hnsw::write_to_erasing::{{closure}}",
+        "Hnsw::is_erased",
         "Scratch::reset",
         "lock",
         "read_f32s",

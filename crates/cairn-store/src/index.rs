@@ -429,6 +429,15 @@ impl VectorIndex {
         }
     }
 
+    /// How many of `vids` have an entry whose vector a snapshot erased (it was deleted when
+    /// the snapshot was written): an index loaded from that snapshot cannot serve them.
+    pub fn erased_among(&self, vids: impl IntoIterator<Item = usize>) -> usize {
+        let g = read_lock(&self.graph);
+        vids.into_iter()
+            .filter(|v| g.graph.is_erased(*v as u64))
+            .count()
+    }
+
     /// Labels of every node in the graph (live and deleted).
     pub fn graph_vids(&self) -> Vec<usize> {
         read_lock(&self.graph)
@@ -627,15 +636,22 @@ impl VectorIndex {
         fs::create_dir_all(&tmp)?;
         let manifest = {
             let g = read_lock(&self.graph);
+            let attrs = read_lock(&self.attrs);
             let points = g.graph.len();
-            let deleted = points.saturating_sub(read_lock(&self.attrs).map.len());
+            let deleted = points.saturating_sub(attrs.map.len());
             let path = tmp.join(GRAPH_FILE);
             let file = fs::File::create(&path)?;
             let mut w = BufWriter::with_capacity(1 << 20, CrcWriter::new(file));
-            g.graph.write_to(&mut w).map_err(|e| match e {
-                crate::hnsw::HnswError::Io(e) => e,
-                other => std::io::Error::other(other.to_string()),
-            })?;
+            // A deleted entry's vector is not written (see `Hnsw::write_to_erasing`).
+            g.graph
+                .write_to_erasing(&mut w, |label| {
+                    usize::try_from(label).is_ok_and(|v| attrs.map.contains_key(&v))
+                })
+                .map_err(|e| match e {
+                    crate::hnsw::HnswError::Io(e) => e,
+                    other => std::io::Error::other(other.to_string()),
+                })?;
+            drop(attrs);
             let cw = w.into_inner().map_err(|e| e.into_error())?;
             let (file, len, crc) = cw.finish();
             file.sync_all()?;

@@ -148,11 +148,14 @@ pub fn tune(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// Applies connection settings: WAL, busy timeout, foreign keys, synchronous level.
+/// Applies connection settings: WAL, busy timeout, foreign keys, synchronous level, and
+/// `secure_delete` (deleted content is overwritten with zeros, so a forgotten memory's
+/// bytes do not stay in the file's free space; see [`crate::Store::erase_deleted`]).
 pub fn configure(conn: &Connection, synchronous_full: bool) -> Result<()> {
     tune(conn)?;
     conn.busy_timeout(std::time::Duration::from_secs(30))?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "secure_delete", "ON")?;
     let sync = if synchronous_full { "FULL" } else { "NORMAL" };
     conn.pragma_update(None, "synchronous", sync)?;
     Ok(())

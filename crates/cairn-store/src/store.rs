@@ -481,6 +481,10 @@ fn vectors(conn: &Connection, vids: Option<&[usize]>) -> Result<Vec<(usize, Vec<
     Ok(out)
 }
 
+/// How long [`Store::erase_deleted`] waits for other connections' reads to end before it
+/// leaves the log's old frames for a later erase.
+const ERASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Store {
     /// Opens (or creates) the store at `path`.
     ///
@@ -525,6 +529,15 @@ impl Store {
         // and applying it again is harmless.
         shared.seen.store(log_head(&conn)?, Ordering::SeqCst);
         let live = live_rows(&conn, &shared.index)?;
+        // A snapshot written after a row was deleted holds no vector for it; should that row
+        // be live here (the database file put back from before the delete), the snapshot
+        // cannot serve it.
+        let reason = match reason {
+            None if shared.index.erased_among(live.iter().map(|(v, _)| *v)) > 0 => {
+                Some("the snapshot erased the vectors of rows the database holds".to_owned())
+            }
+            r => r,
+        };
         match reason {
             None => {
                 let missing = adopt_rows(&conn, &shared.index, live)?;
@@ -2415,6 +2428,46 @@ impl Store {
         self.write(|conn, shared| snapshot(conn, shared))
     }
 
+    /// Erases from the store's files what deleted memories left in them, so a forgotten
+    /// memory's text and vector are gone from the disk, not only from every read:
+    ///
+    /// - the database overwrites deleted rows with zeros as it deletes them (SQLite's
+    ///   `secure_delete`, on for every connection that writes), the embedding cache's rows
+    ///   alike;
+    /// - here, the keyword index is merged into one segment (FTS5 `optimize`), which drops
+    ///   the deleted memories' terms that its older segments still held; the index snapshot
+    ///   is written again with no vector of a deleted entry (the old snapshot's files are
+    ///   removed); and the write-ahead log, whose older frames still hold the pages as they
+    ///   were before the delete, is checkpointed into the database and truncated to zero
+    ///   bytes.
+    ///
+    /// Returns `false` when the log could not be truncated because another connection (say
+    /// another process) was reading an older snapshot of the database: its old frames stay
+    /// until a later erase or checkpoint finds no reader. What the file system does with the
+    /// blocks it freed is outside the store (encrypt the disk for that).
+    pub fn erase_deleted(&self) -> Result<bool> {
+        self.write(|conn, shared| {
+            // The keyword index keeps a deleted memory's terms in its older segments (a
+            // delete adds a marker); merging every segment into one drops them, and the old
+            // segments' pages are overwritten as they are freed.
+            conn.execute(
+                "INSERT INTO memories_fts (memories_fts) VALUES ('optimize')",
+                [],
+            )?;
+            if snap_exists(&shared.snapshot_dir) {
+                snapshot(conn, shared)?;
+            }
+            // A reader of an older snapshot holds the log; waiting for it is bounded well
+            // below the writers' 30 s (a forget should not stall that long for it).
+            conn.busy_timeout(ERASE_WAIT)?;
+            let busy = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                r.get::<_, i64>(0)
+            });
+            conn.busy_timeout(std::time::Duration::from_secs(30))?;
+            Ok(busy? == 0)
+        })
+    }
+
     /// Rebuilds the index from the stored embeddings (drops every tombstone).
     pub fn reindex(&self) -> Result<()> {
         self.write(|conn, shared| {
@@ -2967,7 +3020,7 @@ fn sync_index(conn: &mut Connection, shared: &Shared) {
     }
 }
 
-fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
+fn try_sync_index(conn: &Connection, shared: &Shared) -> Result<()> {
     let seen = shared.seen.load(Ordering::SeqCst);
     let pruned = log_pruned(conn)?;
     if shared.resync.load(Ordering::SeqCst) || pruned > seen {
@@ -3006,7 +3059,8 @@ fn try_sync_index(conn: &mut Connection, shared: &Shared) -> Result<()> {
     // A process that fell further behind than the log keeps re-reads every row instead.
     let keep = i64::try_from(shared.options.index_log_keep).unwrap_or(i64::MAX / 2);
     if head - pruned > keep.saturating_mul(2) {
-        let tx = begin(conn)?;
+        // (Called between jobs and before a snapshot: never inside a transaction.)
+        let tx = Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
         let below = head - keep;
         tx.execute("DELETE FROM index_log WHERE seq <= ?1", params![below])?;
         tx.execute(
@@ -3408,6 +3462,9 @@ fn snapshot(conn: &Connection, shared: &Shared) -> Result<()> {
         )?
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     same_model(&shared.options, model, dim)?;
+    // Other writers' deletes first: an entry another process deleted is written without
+    // its vector (see `Store::erase_deleted`), not brought back from this one's graph.
+    try_sync_index(conn, shared)?;
     shared.index.snapshot(&shared.snapshot_dir)?;
     shared
         .snapshot_failures

@@ -1212,6 +1212,230 @@ fn empty_index_snapshots_reopen() {
     assert_eq!(hits[0].memory.id, b.id);
 }
 
+/// Every file under `dir` (the database, its log, the index snapshot), as (path, bytes).
+fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push((p.clone(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out
+}
+
+/// The files under `dir` that hold `needle`.
+fn holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    files_under(dir)
+        .into_iter()
+        .filter(|(_, b)| b.windows(needle.len()).any(|w| w == needle))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// A deleted memory, once erased, leaves none of its bytes in the store's files: not its
+/// text (the row, the keyword index's terms), not its vector (the row, the index
+/// snapshot), not in the write-ahead log. Before the delete the same search finds them
+/// all, so the check can fail; it fails without `secure_delete`, without the keyword
+/// index's merge, without erasing the snapshot's vector or without the log's truncation.
+#[test]
+fn deleted_memories_leave_no_bytes_in_the_files() {
+    let dir = tmp();
+    let path = dir.path().join("e.db");
+    let mut rng = StdRng::seed_from_u64(11);
+    let store = open(&path, 16);
+    for i in 0..300 {
+        let v = random_unit(&mut rng, 16);
+        store
+            .insert(knowledge(&format!("note {i} about the weather")), v)
+            .unwrap();
+    }
+    let secret_vec = random_unit(&mut rng, 16);
+    let secret = store
+        .insert(
+            knowledge("the vault code is quokkazanzibar4711, behind the mirror"),
+            secret_vec.clone(),
+        )
+        .unwrap();
+    let twin_vec = random_unit(&mut rng, 16);
+    // A vector two memories hold: deleting one keeps it for the other.
+    store
+        .insert(knowledge("twin one"), twin_vec.clone())
+        .unwrap();
+    let twin2 = store
+        .insert(knowledge("twin two"), twin_vec.clone())
+        .unwrap();
+    store.snapshot().unwrap();
+    store.delete(twin2.id, DeletePolicy::Restrict).unwrap();
+    let text = b"quokkazanzibar4711".as_slice();
+    // The keyword index stores a term after the prefix it shares with the one before it.
+    let term = b"zanzibar4711".as_slice();
+    let vector: Vec<u8> = secret_vec[..4]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let twin: Vec<u8> = twin_vec[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
+    for needle in [text, term, &vector] {
+        assert!(
+            !holding(dir.path(), needle).is_empty(),
+            "found before the delete"
+        );
+    }
+    store.delete(secret.id, DeletePolicy::Restrict).unwrap();
+    assert!(
+        store.erase_deleted().unwrap(),
+        "no other reader: erased whole"
+    );
+    for (what, needle) in [("text", text), ("term", term), ("vector", &vector[..])] {
+        assert_eq!(
+            holding(dir.path(), needle),
+            Vec::<std::path::PathBuf>::new(),
+            "{what}"
+        );
+    }
+    assert!(
+        holding(&snapshot_dir(&path), &twin).len() == 1,
+        "the live twin's vector stays in the snapshot"
+    );
+    store.close().unwrap();
+    for (what, needle) in [("text", text), ("term", term), ("vector", &vector[..])] {
+        assert_eq!(
+            holding(dir.path(), needle),
+            Vec::<std::path::PathBuf>::new(),
+            "{what} after closing"
+        );
+    }
+    // The snapshot serves the store as before: loaded, not rebuilt, every vector found.
+    let store = open(&path, 16);
+    let s = store.stats().unwrap();
+    assert_eq!((s.rebuilds, s.index.live), (0, 301));
+    let hits = store
+        .search_vector(twin_vec, 1, &Filter::all(), Some(100))
+        .unwrap();
+    assert_eq!(hits[0].memory.content, "twin one");
+    // The last memory holding the twins' vector goes: so does the vector.
+    store
+        .delete(hits[0].memory.id, DeletePolicy::Restrict)
+        .unwrap();
+    assert!(store.erase_deleted().unwrap());
+    assert_eq!(holding(dir.path(), &twin), Vec::<std::path::PathBuf>::new());
+    let hits = store
+        .search_vector(secret_vec, 5, &Filter::all(), Some(100))
+        .unwrap();
+    assert!(hits.iter().all(|h| h.memory.id != secret.id));
+    assert!(store
+        .search_keyword("quokkazanzibar4711", 5, &Filter::all())
+        .unwrap()
+        .is_empty());
+}
+
+/// Another connection reading an older snapshot of the database keeps the log's frames:
+/// the erase says it is not whole (after a bounded wait) and loses nothing; once that read
+/// ends, the next erase is whole and the text is gone from every file.
+#[test]
+fn a_reader_of_an_older_snapshot_defers_the_erase() {
+    let dir = tmp();
+    let path = dir.path().join("r.db");
+    let store = open(&path, 4);
+    let keep = store
+        .insert(knowledge("keep this"), vec![1.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    let gone = store
+        .insert(
+            knowledge("erase quokkazanzibar4711"),
+            vec![0.0, 1.0, 0.0, 0.0],
+        )
+        .unwrap();
+    let reader = rusqlite::Connection::open(&path).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let n: i64 = reader
+        .query_row("SELECT count(*) FROM memories", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2);
+    store.delete(gone.id, DeletePolicy::Restrict).unwrap();
+    assert!(!store.erase_deleted().unwrap(), "the reader holds the log");
+    assert_eq!(store.get(keep.id).unwrap().content, "keep this");
+    reader.execute_batch("COMMIT").unwrap();
+    assert!(store.erase_deleted().unwrap());
+    assert_eq!(
+        holding(dir.path(), b"quokkazanzibar4711"),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+/// Another handle on the file (another process) that still had the deleted memory in its
+/// index does not write its vector back: a snapshot first catches up the other writers'
+/// deletes. Here the second handle's last write came before the delete, and it writes its
+/// snapshot when it closes.
+#[test]
+fn another_handles_snapshot_does_not_bring_an_erased_vector_back() {
+    let dir = tmp();
+    let path = dir.path().join("h.db");
+    let mut rng = StdRng::seed_from_u64(13);
+    let a = open(&path, 16);
+    let v = random_unit(&mut rng, 16);
+    let gone = a.insert(knowledge("gone"), v.clone()).unwrap();
+    a.snapshot().unwrap();
+    let b = open(&path, 16);
+    b.insert(knowledge("b's"), random_unit(&mut rng, 16))
+        .unwrap();
+    a.delete(gone.id, DeletePolicy::Restrict).unwrap();
+    assert!(a.erase_deleted().unwrap());
+    let vector: Vec<u8> = v[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
+    assert_eq!(
+        holding(dir.path(), &vector),
+        Vec::<std::path::PathBuf>::new()
+    );
+    b.close().unwrap();
+    assert_eq!(
+        holding(dir.path(), &vector),
+        Vec::<std::path::PathBuf>::new(),
+        "b's snapshot"
+    );
+    a.close().unwrap();
+}
+
+/// A snapshot written after a delete holds no vector for the deleted row; when the
+/// database comes back from a copy made before the delete (the row live again), that
+/// snapshot is not used: the index is rebuilt and the row is found by its vector. Loaded,
+/// the row would sit on a zero vector and never be found.
+#[test]
+fn a_snapshot_that_erased_a_live_rows_vector_is_rebuilt() {
+    let dir = tmp();
+    let path = dir.path().join("b.db");
+    let mut rng = StdRng::seed_from_u64(12);
+    let v = random_unit(&mut rng, 16);
+    let x = {
+        let store = open(&path, 16);
+        for i in 0..50 {
+            store
+                .insert(knowledge(&format!("k{i}")), random_unit(&mut rng, 16))
+                .unwrap();
+        }
+        let x = store.insert(knowledge("x"), v.clone()).unwrap();
+        store.close().unwrap();
+        x
+    };
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&path, &copy).unwrap();
+    {
+        let store = open(&path, 16);
+        store.delete(x.id, DeletePolicy::Restrict).unwrap();
+        assert!(store.erase_deleted().unwrap());
+        store.close().unwrap();
+    }
+    std::fs::copy(&copy, &path).unwrap();
+    let store = open(&path, 16);
+    let s = store.stats().unwrap();
+    assert_eq!((s.rebuilds, s.index.live), (1, 51));
+    let hits = store
+        .search_vector(v, 1, &Filter::all(), Some(100))
+        .unwrap();
+    assert_eq!(hits[0].memory.id, x.id);
+}
+
 #[test]
 fn tombstones_trigger_a_rebuild() {
     let dir = tmp();

@@ -359,7 +359,8 @@ class MemoryHarness:
                where: Optional[dict] = None, everything: bool = False) -> dict:
         """Forgets memories (give one of ``ids``, ``thread``, ``where`` or
         ``everything=True``): they are deleted, the summaries built on them are rewritten
-        from what remains, and their cached embeddings are dropped."""
+        from what remains, and their cached embeddings are dropped. ``erased`` in the
+        result says whether a SQLite store's files were scrubbed of their bytes too."""
         return self._call("forget", **_forget_args(ids, thread, where, everything))
 
     async def aforget(self, *, ids: Optional[list] = None, thread: Optional[str] = None,
