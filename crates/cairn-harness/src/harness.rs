@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{
-    Clock, Embedder, MemoryId, MemoryKind, MemoryUnit, Metadata, NewMemory, Role, Summarizer,
-    SummaryType, SystemClock, ThreadId, TokenCounter,
+    Clock, EmbedError, Embedder, MemoryId, MemoryKind, MemoryUnit, Metadata, NewMemory, Role,
+    Summarizer, SummaryType, SystemClock, ThreadId, TokenCounter,
 };
 use cairn_embed::{CacheStats, CachedEmbedder, FastEmbedder};
 use cairn_store::{
@@ -410,28 +410,28 @@ impl HarnessBuilder {
                                     to = %e.model_id(),
                                     "re-embedding the store with the new model"
                                 );
-                                // The model's own error, kept whole for the caller.
-                                let mut failed = None;
                                 let done = Store::reembed_blending(
                                     &store_path,
                                     old,
                                     e.model_id(),
                                     e.dim(),
-                                    |texts| {
-                                        e.embed_checked(texts).map_err(|x| {
-                                            let said = x.to_string();
-                                            failed = Some(x);
-                                            said
-                                        })
-                                    },
+                                    |texts| Ok(e.embed_checked(texts)?),
                                     |m| m.contains_key(crate::consolidate::CONSOLIDATION_KEY),
                                 );
                                 match done {
-                                    Err(cairn_store::StoreError::Embedding { reason }) => {
-                                        return Err(failed.map_or_else(
-                                            || cairn_store::StoreError::Embedding { reason }.into(),
-                                            HarnessError::Embed,
-                                        ));
+                                    // The model's own error, returned as itself.
+                                    Err(cairn_store::StoreError::Embedding {
+                                        reason,
+                                        source: Some(source),
+                                    }) => {
+                                        return Err(match source.downcast::<EmbedError>() {
+                                            Ok(x) => HarnessError::Embed(*x),
+                                            Err(source) => cairn_store::StoreError::Embedding {
+                                                reason,
+                                                source: Some(source),
+                                            }
+                                            .into(),
+                                        });
                                     }
                                     // Another process re-embedded it with this model meanwhile.
                                     Err(cairn_store::StoreError::ModelMismatch {

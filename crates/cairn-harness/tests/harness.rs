@@ -1523,7 +1523,7 @@ impl Embedder for Racing {
                 cairn_store::StoreOptions::new(hash().model_id(), 64),
                 self.other.model_id(),
                 self.other.dim(),
-                |t| rival.embed(t).map_err(|e| e.to_string()),
+                |t| Ok(rival.embed(t)?),
             )
             .unwrap();
         }

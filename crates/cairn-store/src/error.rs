@@ -3,6 +3,10 @@ use std::path::PathBuf;
 use cairn_core::{InputError, MemoryId};
 use thiserror::Error;
 
+/// The error a model gives [`crate::Store::reembed`]: any error type (`"text".into()` or
+/// `Box::new(e)`); it comes back as the source of [`StoreError::Embedding`].
+pub type ModelError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Errors of the store. Every failed write leaves the database as it was.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -120,6 +124,9 @@ pub enum StoreError {
     Embedding {
         /// What the model said, or what was wrong with its answer.
         reason: String,
+        /// The model's own error (`None` when its answer was wrong: too few vectors).
+        #[source]
+        source: Option<ModelError>,
     },
     /// The writer thread has stopped (it panicked or the store is closing).
     #[error("the store's writer thread has stopped")]

@@ -45,7 +45,7 @@ mod schema;
 mod store;
 
 pub use backend::MemoryBackend;
-pub use error::{Result, StoreError};
+pub use error::{ModelError, Result, StoreError};
 pub use index::{snapshot_dir, IndexHealth, Manifest, SNAPSHOT_FORMAT};
 pub use options::{DeletePolicy, HnswParams, StoreOptions};
 pub use rows::{Filter, MetaFilter, MAX_META_KEY_BYTES, MAX_META_SET};

@@ -23,7 +23,7 @@ use crate::rows::{
     Visibility,
 };
 use crate::schema;
-use crate::{DeletePolicy, Filter, Result, StoreError, StoreOptions};
+use crate::{DeletePolicy, Filter, ModelError, Result, StoreError, StoreOptions};
 
 mod bounded;
 mod restore;
@@ -2488,7 +2488,8 @@ impl Store {
     /// rewrites every row (every vector goes through the WAL), so other writers wait then. A
     /// failure anywhere leaves the store on the old model, every vector as it was; the
     /// model's own (an error from `embed`, or the wrong number of vectors) is
-    /// [`StoreError::Embedding`].
+    /// [`StoreError::Embedding`], which keeps the model's error as its source (so a caller
+    /// gets its own error type back with `downcast`).
     ///
     /// A handle still open on the old model after the commit, in this process or another,
     /// is refused with [`StoreError::ModelMismatch`] at its next search (or other call that
@@ -2501,7 +2502,7 @@ impl Store {
         old: StoreOptions,
         new_model_id: &str,
         new_dim: usize,
-        embed: impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+        embed: impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, ModelError>,
     ) -> Result<()> {
         Self::reembed_blending(path, old, new_model_id, new_dim, embed, |_| false)
     }
@@ -2517,7 +2518,7 @@ impl Store {
         old: StoreOptions,
         new_model_id: &str,
         new_dim: usize,
-        mut embed: impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+        mut embed: impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, ModelError>,
         blends: impl Fn(&Metadata) -> bool,
     ) -> Result<()> {
         let path = path.as_ref();
@@ -2563,10 +2564,13 @@ impl Store {
 fn embed_rows(
     rows: &[(i64, String)],
     dim: usize,
-    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, ModelError>,
 ) -> Result<Vec<Vec<f32>>> {
     let texts: Vec<&str> = rows.iter().map(|(_, t)| t.as_str()).collect();
-    let vecs = embed(&texts).map_err(|reason| StoreError::Embedding { reason })?;
+    let vecs = embed(&texts).map_err(|e| StoreError::Embedding {
+        reason: e.to_string(),
+        source: Some(e),
+    })?;
     if vecs.len() != rows.len() {
         return Err(StoreError::Embedding {
             reason: format!(
@@ -2574,6 +2578,7 @@ fn embed_rows(
                 vecs.len(),
                 rows.len()
             ),
+            source: None,
         });
     }
     vecs.into_iter()
@@ -2594,7 +2599,7 @@ fn stage_vectors(
     conn: &mut Connection,
     old: &StoreOptions,
     dim: usize,
-    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, ModelError>,
 ) -> Result<()> {
     let mut after = i64::MIN;
     loop {
@@ -2670,7 +2675,7 @@ fn swap_in_vectors(
     old: &StoreOptions,
     new_model_id: &str,
     new_dim: usize,
-    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, String>,
+    embed: &mut impl FnMut(&[&str]) -> std::result::Result<Vec<Vec<f32>>, ModelError>,
     blends: impl Fn(&Metadata) -> bool,
 ) -> Result<()> {
     let tx = begin(conn)?;

@@ -459,7 +459,7 @@ fn reembedding_changes_the_model_identity() {
     })
     .unwrap_err();
     assert!(
-        matches!(&err, StoreError::Embedding { reason } if reason.contains("0 vectors for 1 texts")),
+        matches!(&err, StoreError::Embedding { reason, source: None } if reason.contains("0 vectors for 1 texts")),
         "{err}"
     );
     assert_eq!(
@@ -674,7 +674,8 @@ fn writes_during_a_reembedding_are_kept_and_reembedded() {
     })
     .unwrap_err();
     assert!(
-        matches!(&err, StoreError::Embedding { reason } if reason == "the model failed"),
+        matches!(&err, StoreError::Embedding { reason, source: Some(s) }
+            if reason == "the model failed" && s.to_string() == "the model failed"),
         "{err}"
     );
     assert_eq!(calls, 4, "three batches of the 150, then the rewritten one");
