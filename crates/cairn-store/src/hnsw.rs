@@ -1264,16 +1264,20 @@ impl Hnsw {
         self.write_to_erasing(w, |_| true).map(|_| ())
     }
 
-    /// [`Self::write_to`], writing zeros for the vector of every node whose label `live`
-    /// rejects, unless another label holding the same vector (its twin chain) is live: the
-    /// file keeps no vector of what was deleted, while the graph's links stay as they are
-    /// (an erased node is a tombstone; a walk through it finds it far from every query).
-    /// Returns how many nodes were erased.
+    /// [`Self::write_to`], without the vector of any node whose label `live` rejects,
+    /// unless another label holding the same vector (its twin chain) is live: the file keeps
+    /// no vector of what was deleted. In its place goes the normalized mean of the node's
+    /// kept layer-0 neighbours' vectors (zeros when it has none), so a walk through the
+    /// tombstone is still guided the way its links were made (with zeros it found every
+    /// erased node far from every query: recall@10 fell from 0.923 to 0.885 at ef 10 with
+    /// 19% of the nodes erased; with the mean it was 0.966, test
+    /// `recall_holds_with_erased_tombstones`). The mean tells nothing the links do not: they
+    /// name those neighbours already. Returns the labels erased.
     pub fn write_to_erasing(
         &self,
         w: &mut impl Write,
         live: impl Fn(u64) -> bool,
-    ) -> Result<usize, HnswError> {
+    ) -> Result<Vec<u64>, HnswError> {
         let n = self.len();
         // A chain's vector is kept when any of its labels is live.
         let head = |i: usize| -> usize {
@@ -1313,14 +1317,29 @@ impl Hnsw {
         w.write_all(&self.levels)?;
         let swap = |x: f32| f32::from_bits(x.to_bits().swap_bytes());
         if erased.iter().any(|e| *e) {
-            let zeros = vec![0.0f32; self.dim];
+            let mut mean = vec![0.0f32; self.dim];
+            let mut around = Vec::new();
             for (i, e) in erased.iter().enumerate() {
-                let v = if *e {
-                    &zeros[..]
+                if !*e {
+                    write_pod(w, self.vector(i as u32), swap)?;
+                    continue;
+                }
+                mean.fill(0.0);
+                self.neighbours(i as u32, 0, &mut around);
+                for n in &around {
+                    if !erased.get(*n as usize).copied().unwrap_or(true) {
+                        for (m, x) in mean.iter_mut().zip(self.vector(*n)) {
+                            *m += x;
+                        }
+                    }
+                }
+                let norm = mean.iter().map(|x| x * x).sum::<f32>().sqrt();
+                if norm > 0.0 && norm.is_finite() {
+                    mean.iter_mut().for_each(|x| *x /= norm);
                 } else {
-                    self.vector(i as u32)
-                };
-                write_pod(w, v, swap)?;
+                    mean.fill(0.0);
+                }
+                write_pod(w, &mean, swap)?;
             }
         } else {
             write_pod(w, &self.vectors, swap)?;
@@ -1335,17 +1354,13 @@ impl Hnsw {
         write_pod(w, &upper, u32::swap_bytes)?;
         let twins: Vec<u32> = self.twins.iter().map(|a| a.load(Mem::Acquire)).collect();
         write_pod(w, &twins, u32::swap_bytes)?;
-        Ok(erased.iter().filter(|e| **e).count())
-    }
-
-    /// Whether the node holding `label` has no vector: written by
-    /// [`Self::write_to_erasing`] for a deleted label and read back (every vector inserted
-    /// is unit length, so only an erased one is zero). `false` for a label not in the graph.
-    pub fn is_erased(&self, label: u64) -> bool {
-        self.nodes
-            .get(&label)
-            .and_then(|n| self.scales.get(*n as usize))
-            .is_some_and(|s| *s == 0.0)
+        Ok(self
+            .labels
+            .iter()
+            .zip(&erased)
+            .filter(|(_, e)| **e)
+            .map(|(l, _)| *l)
+            .collect())
     }
 
     /// Reads a graph written by [`Self::write_to`], checking that it was made with `params`
@@ -2177,7 +2192,6 @@ mod tests {
         "Hnsw::write_to",
         "Hnsw::write_to_erasing",
         "Hnsw::write_to_erasing::{{closure}}",
-        "Hnsw::is_erased",
         "Scratch::reset",
         "lock",
         "read_f32s",

@@ -272,6 +272,9 @@ pub struct Manifest {
     pub deleted: usize,
     /// CRC-32 and length of each dump file.
     pub files: Vec<(String, u64, u32)>,
+    /// Labels of the deleted entries whose vector the graph file does not hold.
+    #[serde(default)]
+    pub erased: Vec<u64>,
 }
 
 /// Index health figures.
@@ -293,6 +296,9 @@ struct GraphState {
     graph: Hnsw,
     max_vid: usize,
     since_snapshot: usize,
+    /// Vids whose vector the loaded snapshot did not hold (deleted when it was written;
+    /// sorted): such an entry cannot serve a live row.
+    erased: Vec<usize>,
 }
 
 /// The HNSW graph plus live attributes.
@@ -349,6 +355,7 @@ impl VectorIndex {
                 graph,
                 max_vid,
                 since_snapshot,
+                erased: Vec::new(),
             }),
             attrs: RwLock::new(Attrs::default()),
         }
@@ -433,8 +440,11 @@ impl VectorIndex {
     /// the snapshot was written): an index loaded from that snapshot cannot serve them.
     pub fn erased_among(&self, vids: impl IntoIterator<Item = usize>) -> usize {
         let g = read_lock(&self.graph);
+        if g.erased.is_empty() {
+            return 0;
+        }
         vids.into_iter()
-            .filter(|v| g.graph.is_erased(*v as u64))
+            .filter(|v| g.erased.binary_search(v).is_ok())
             .count()
     }
 
@@ -589,6 +599,7 @@ impl VectorIndex {
             graph: fresh,
             max_vid: entries.iter().map(|e| e.vid).max().unwrap_or(0),
             since_snapshot: points,
+            erased: Vec::new(),
         };
         *a = attrs;
     }
@@ -643,7 +654,8 @@ impl VectorIndex {
             let file = fs::File::create(&path)?;
             let mut w = BufWriter::with_capacity(1 << 20, CrcWriter::new(file));
             // A deleted entry's vector is not written (see `Hnsw::write_to_erasing`).
-            g.graph
+            let erased = g
+                .graph
                 .write_to_erasing(&mut w, |label| {
                     usize::try_from(label).is_ok_and(|v| attrs.map.contains_key(&v))
                 })
@@ -666,6 +678,7 @@ impl VectorIndex {
                 points,
                 deleted,
                 files: vec![(GRAPH_FILE.to_owned(), len, crc)],
+                erased,
             }
         };
         let json = serde_json::to_vec_pretty(&manifest)
@@ -738,7 +751,11 @@ impl VectorIndex {
                 m.points
             ));
         }
-        Ok(Self::with_graph(params, model_id, dim, graph, m.max_vid, 0))
+        let index = Self::with_graph(params, model_id, dim, graph, m.max_vid, 0);
+        let mut erased: Vec<usize> = m.erased.iter().map(|l| label_vid(*l)).collect();
+        erased.sort_unstable();
+        write_lock(&index.graph).erased = erased;
+        Ok(index)
     }
 }
 

@@ -529,9 +529,9 @@ impl Store {
         // and applying it again is harmless.
         shared.seen.store(log_head(&conn)?, Ordering::SeqCst);
         let live = live_rows(&conn, &shared.index)?;
-        // A snapshot written after a row was deleted holds no vector for it; should that row
-        // be live here (the database file put back from before the delete), the snapshot
-        // cannot serve it.
+        // A snapshot written after a row was deleted holds no vector for it (its manifest
+        // lists it); should that row be live here (the database file put back from before
+        // the delete), the snapshot cannot serve it.
         let reason = match reason {
             None if shared.index.erased_among(live.iter().map(|(v, _)| *v)) > 0 => {
                 Some("the snapshot erased the vectors of rows the database holds".to_owned())

@@ -60,6 +60,78 @@ fn recall_at_10_on_20k_clustered_vectors() {
     assert!(recall >= 0.95, "recall@10 = {recall}");
 }
 
+/// A snapshot erases the vectors of deleted entries, writing in their place the mean of
+/// their kept neighbours' vectors, so an index reopened with 19% of its entries deleted
+/// (just under the rebuild threshold) still walks through its tombstones as it did: recall@10
+/// of the live entries at a narrow beam is not lower than the same index's before the
+/// reopen (0.92 before, 0.97 after; with zeros written instead, 0.885: this fails).
+#[test]
+fn recall_holds_with_erased_tombstones() {
+    let dir = tmp();
+    let path = dir.path().join("t.db");
+    let store = open(&path, DIM);
+    let mut gen = Clusters::new(43, DIM, 200);
+    let base: Vec<Vec<f32>> = (0..20_000).map(|_| gen.draw()).collect();
+    let mut ids = Vec::new();
+    for chunk in base.chunks(2_000) {
+        let items = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (knowledge(&format!("v{i}")), v.clone()))
+            .collect();
+        ids.extend(store.insert_batch(items).unwrap().into_iter().map(|m| m.id));
+    }
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut gone = HashSet::new();
+    while gone.len() < 3_800 {
+        gone.insert(rng.random_range(0..ids.len()));
+    }
+    let doomed: Vec<MemoryId> = gone.iter().map(|i| ids[*i]).collect();
+    store.delete_many(&doomed, DeletePolicy::Restrict).unwrap();
+    let queries: Vec<Vec<f32>> = (0..200).map(|_| gen.draw()).collect();
+    // A narrow beam, where a walk's guidance shows (at 64 both reach 1.0).
+    const EF: usize = 10;
+    let recall = |store: &Store| -> f64 {
+        let mut found = 0usize;
+        for q in &queries {
+            let mut exact: Vec<(usize, f32)> = base
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !gone.contains(i))
+                .map(|(i, v)| (i, dot(q, v)))
+                .collect();
+            exact.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let truth: HashSet<MemoryId> = exact[..10].iter().map(|(i, _)| ids[*i]).collect();
+            let hits = store
+                .search_vector(q.clone(), 10, &Filter::all(), Some(EF))
+                .unwrap();
+            found += hits.iter().filter(|h| truth.contains(&h.memory.id)).count();
+        }
+        found as f64 / (10.0 * queries.len() as f64)
+    };
+    let before = recall(&store);
+    assert_eq!(
+        store.stats().unwrap().rebuilds,
+        0,
+        "under the rebuild threshold"
+    );
+    assert!(store.erase_deleted().unwrap());
+    store.close().unwrap();
+    let store = open(&path, DIM);
+    let s = store.stats().unwrap();
+    assert_eq!(
+        (s.rebuilds, s.index.tombstones),
+        (0, 3_800),
+        "the snapshot was loaded"
+    );
+    let after = recall(&store);
+    println!("recall@10 with 19% tombstones: {before:.4} in memory, {after:.4} reopened (erased)");
+    assert!(
+        after >= before - 0.01,
+        "recall@10 = {after} (before the reopen {before})"
+    );
+}
+
 /// Filtered search returns only admitted memories, through both the exact scan and the graph.
 #[test]
 fn filtered_search_returns_only_admitted() {
@@ -1401,7 +1473,7 @@ fn another_handles_snapshot_does_not_bring_an_erased_vector_back() {
 /// A snapshot written after a delete holds no vector for the deleted row; when the
 /// database comes back from a copy made before the delete (the row live again), that
 /// snapshot is not used: the index is rebuilt and the row is found by its vector. Loaded,
-/// the row would sit on a zero vector and never be found.
+/// the row would sit on its neighbours' mean, not its own vector.
 #[test]
 fn a_snapshot_that_erased_a_live_rows_vector_is_rebuilt() {
     let dir = tmp();
