@@ -1236,7 +1236,22 @@ fn assemble_with(
                 if let Some(n) = lines.get(&line_key).copied() {
                     let (old, old_count) = &line_days[n];
                     let Err(at) = old.binary_search(&day) else {
-                        // A day the line names already (a copy it took when it was made).
+                        // A day the line names already. A copy it took when it was made is
+                        // named by `read_repeats`; one it did not (copies linked in parallel
+                        // can hang on two chains of the index, and a line's lookup follows
+                        // one) is named here, as the day's other turns are: the header is
+                        // the same.
+                        let it = &mut recalled[n];
+                        if it.id != m.id
+                            && !line_copies_taken[n].contains(&vid)
+                            && it.repeats.iter().all(|r| r.id != m.id)
+                        {
+                            it.repeats.push(Repeat {
+                                id: m.id,
+                                created_at: m.created_at,
+                                metadata: m.metadata,
+                            });
+                        }
                         return true;
                     };
                     let mut days = old.clone();
@@ -1663,7 +1678,7 @@ fn read_repeats(
     let now = inner.clock.now();
     let mut other_days = false;
     for ((it, vids), (days, _)) in recalled.iter_mut().zip(copies).zip(line_days) {
-        let mut same: Vec<MemoryUnit> = vids
+        let same: Vec<MemoryUnit> = vids
             .iter()
             .filter_map(|v| rows.remove(v))
             .filter(|c| {
@@ -1674,23 +1689,30 @@ fn read_repeats(
                     && !hidden(c, now)
             })
             .collect();
-        same.sort_by_key(|c| c.created_at);
-        let mut a_day: HashMap<NaiveDate, usize> = HashMap::new();
-        for t in std::iter::once(it.created_at).chain(it.repeats.iter().map(|r| r.created_at)) {
-            *a_day.entry(t.date_naive()).or_default() += 1;
-        }
-        for c in same {
-            let n = a_day.entry(c.created_at.date_naive()).or_default();
-            if *n < COPIES_A_DAY {
-                *n += 1;
-                it.repeats.push(Repeat {
+        // The turns the packing named (the days it added, and copies it met on days named
+        // already) with the copies read, the earliest of each day first: a day the packing
+        // added keeps its turn (no copy read is on such a day), and a day holds at most
+        // [`COPIES_A_DAY`] with the line's own.
+        let mut pool: Vec<Repeat> = std::mem::take(&mut it.repeats);
+        let named: HashSet<MemoryId> = pool.iter().map(|r| r.id).collect();
+        pool.extend(
+            same.into_iter()
+                .filter(|c| c.id != it.id && !named.contains(&c.id))
+                .map(|c| Repeat {
                     id: c.id,
                     created_at: c.created_at,
                     metadata: c.metadata,
-                });
+                }),
+        );
+        pool.sort_by_key(|r| (r.created_at, r.id));
+        let mut a_day: HashMap<NaiveDate, usize> = HashMap::from([(it.created_at.date_naive(), 1)]);
+        for r in pool {
+            let n = a_day.entry(r.created_at.date_naive()).or_default();
+            if *n < COPIES_A_DAY {
+                *n += 1;
+                it.repeats.push(r);
             }
         }
-        it.repeats.sort_by_key(|r| r.created_at);
         other_days |= item_days(it) != *days;
     }
     other_days

@@ -416,18 +416,40 @@ impl Hnsw {
             }
             return;
         }
-        let next = AtomicUsize::new(nodes.start);
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(|| loop {
-                    let n = next.fetch_add(1, Mem::Relaxed);
-                    if n >= nodes.end {
-                        break;
-                    }
-                    self.link_one(n as u32);
-                });
+        // A vector the batch holds twice is linked once first: two copies linked at the same
+        // time would not see each other and would head two chains (a text's copies then
+        // split in two, and a lookup of them follows one). The copies after it are linked
+        // once every first is, and hang on its chain.
+        let mut firsts: Vec<u32> = Vec::with_capacity(nodes.len());
+        let mut again: Vec<u32> = Vec::new();
+        let mut by_bits: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
+        for n in nodes.clone() {
+            let v = self.vector(n as u32);
+            let key = v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+                splitmix(h ^ u64::from(x.to_bits()))
+            });
+            let same = by_bits.entry(key).or_default();
+            if same.iter().any(|m| self.vector(*m) == v) {
+                again.push(n as u32);
+            } else {
+                same.push(n as u32);
+                firsts.push(n as u32);
             }
-        });
+        }
+        for phase in [&firsts, &again] {
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..threads.min(phase.len().max(1)) {
+                    s.spawn(|| loop {
+                        let i = next.fetch_add(1, Mem::Relaxed);
+                        let Some(n) = phase.get(i) else {
+                            break;
+                        };
+                        self.link_one(*n);
+                    });
+                }
+            });
+        }
     }
 
     /// Reserves and links in one call.
