@@ -1229,29 +1229,43 @@ fn assemble_with(
                     return true;
                 }
                 let day = m.created_at.date_naive();
-                if recent_ids.contains(&m.id) || texts.has(&m.content, day) {
+                if recent_ids.contains(&m.id) {
                     return true;
                 }
                 let line_key = (m.content.clone(), m.role, m.speaker().map(str::to_owned));
-                if let Some(n) = lines.get(&line_key).copied() {
-                    let (old, old_count) = &line_days[n];
-                    let Err(at) = old.binary_search(&day) else {
-                        // A day the line names already. A copy it took when it was made is
-                        // named by `read_repeats`; one it did not (copies linked in parallel
-                        // can hang on two chains of the index, and a line's lookup follows
-                        // one) is named here, as the day's other turns are: the header is
-                        // the same.
-                        let it = &mut recalled[n];
-                        if it.id != m.id
-                            && !line_copies_taken[n].contains(&vid)
-                            && it.repeats.iter().all(|r| r.id != m.id)
-                        {
-                            it.repeats.push(Repeat {
+                let line = lines.get(&line_key).copied();
+                // A day a line of these words names already (its own, its copies', or one it
+                // gained while packing): the turn is one of that day's. A copy the line took
+                // when it was made is named by `read_repeats`; one it did not (a copy the
+                // index did not find when it was inserted has a key of its own, and a line's
+                // lookup follows one key) is named here, as the day's other turns are: the
+                // header is the same.
+                let named = line.filter(|n| line_days[*n].0.binary_search(&day).is_ok());
+                if let Some(n) = named {
+                    let it = &mut recalled[n];
+                    if it.id != m.id
+                        && !line_copies_taken[n].contains(&vid)
+                        && it.repeats.iter().all(|r| r.id != m.id)
+                    {
+                        let at = it.repeats.partition_point(|r| r.created_at <= m.created_at);
+                        it.repeats.insert(
+                            at,
+                            Repeat {
                                 id: m.id,
                                 created_at: m.created_at,
                                 metadata: m.metadata,
-                            });
-                        }
+                            },
+                        );
+                    }
+                    return true;
+                }
+                // The words are in the context on this day already (a recent turn's).
+                if texts.has(&m.content, day) {
+                    return true;
+                }
+                if let Some(n) = line {
+                    let (old, old_count) = &line_days[n];
+                    let Err(at) = old.binary_search(&day) else {
                         return true;
                     };
                     let mut days = old.clone();

@@ -69,8 +69,9 @@ pub struct ForgetReport {
     /// (a deleted row's bytes stay in its table until the space is reused), when another
     /// process was reading an older snapshot of a SQLite store (its log is truncated by a
     /// later forget or checkpoint), or when the embedding cache could not be purged or the
-    /// files could not be scrubbed (logged; the memories are forgotten all the same). `true`
-    /// when there was nothing to forget.
+    /// files could not be scrubbed (logged; the memories are forgotten all the same; the
+    /// next open of a SQLite store runs the erase again). `true` when there was nothing to
+    /// forget, on every backend.
     #[serde(default)]
     pub erased: bool,
 }
@@ -191,6 +192,14 @@ impl MemoryHarness {
         let mut report = ForgetReport::default();
         let mut purged = true;
         let ids_empty = ids.is_empty();
+        // A thread's state rows (its running summary) are deleted too, memories or not.
+        let erase = !ids_empty || thread.is_some();
+        if erase {
+            // Marked first: should this process stop before the erase below, the store's
+            // next open runs it.
+            let inner = self.inner.clone();
+            blocking(move || inner.store.mark_for_erase()).await??;
+        }
         if !ids_empty {
             let inner = self.inner.clone();
             // The texts of everything deleted (summaries left with no source too) go from
@@ -277,7 +286,7 @@ impl MemoryHarness {
         // What the deletes left in the files goes too: the keyword index's older segments,
         // the log's older frames, the index snapshot's vectors. The memories are gone
         // whatever happens here, so a failure is reported, not returned.
-        report.erased = if ids_empty {
+        report.erased = if !erase {
             true
         } else {
             let inner = self.inner.clone();

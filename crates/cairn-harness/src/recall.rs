@@ -51,7 +51,7 @@ pub struct RecallWeights {
     /// Bonus for turns in the time range the query names. Default 0.6.
     pub time: f32,
     /// Bonus for turns under the thread's level-1 summaries that best match the query (the
-    /// summary route: the top [`ROUTE_SUMMARIES`] of a hybrid search over them). Default 0.
+    /// summary route: the top 3 of a hybrid search over them). Default 0.
     pub route: f32,
     /// Largest gap between two turns of one stretch of conversation. Default 12 hours.
     pub stretch_gap_secs: i64,
@@ -84,7 +84,7 @@ impl Default for RecallWeights {
 }
 
 /// Level-1 summaries whose turns get the route bonus.
-pub const ROUTE_SUMMARIES: usize = 3;
+pub(crate) const ROUTE_SUMMARIES: usize = 3;
 
 /// Mean and (population) standard deviation of `values`; `None` when empty.
 fn mean_sd(values: impl Iterator<Item = f64> + Clone) -> Option<(f64, f64)> {

@@ -234,7 +234,8 @@ pub trait MemoryBackend: Send + Sync {
     }
 
     /// For each of `vids`, a key that memories holding the same vector share (see
-    /// [`Self::search_vector_groups`]; copies linked in parallel may have two). By default
+    /// [`Self::search_vector_groups`]; a copy the index did not find when it was inserted has
+    /// a key of its own). By default
     /// each memory's own id.
     fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
         Ok(vids.to_vec())
@@ -412,6 +413,13 @@ pub trait MemoryBackend: Send + Sync {
     /// pages until they are reused (`VACUUM` frees the space, it does not overwrite it).
     fn erase_deleted(&self) -> Result<bool> {
         Ok(false)
+    }
+
+    /// Records that deletes about to be made are to be erased, so that an erase a process
+    /// did not live to run is run by the next one (see [`crate::Store::mark_for_erase`]).
+    /// Nothing to record where nothing is erased.
+    fn mark_for_erase(&self) -> Result<()> {
+        Ok(())
     }
 
     /// Rebuilds the vector index from the stored embeddings.
@@ -1130,6 +1138,10 @@ impl MemoryBackend for crate::Store {
 
     fn erase_deleted(&self) -> Result<bool> {
         crate::Store::erase_deleted(self)
+    }
+
+    fn mark_for_erase(&self) -> Result<()> {
+        crate::Store::mark_for_erase(self)
     }
 
     fn reindex(&self) -> Result<()> {

@@ -631,19 +631,23 @@ impl VectorIndex {
         missing
     }
 
-    /// Writes the snapshot directory `dir` atomically (temporary directory, then rename).
-    /// Searches go on meanwhile; only the writer thread changes the graph.
-    pub fn snapshot(&self, dir: &Path) -> Result<()> {
+    /// Writes the snapshot directory `dir` atomically (temporary directory, then rename),
+    /// under `lock` (the lock of `dir`'s writers; see [`SnapshotLock`]). Searches go on
+    /// meanwhile; only the writer thread changes the graph. What an interrupted write of
+    /// any process left beside `dir` (a temporary or a replaced directory, holding vectors
+    /// as they were then) is removed first: under the lock no other write is under way.
+    pub fn snapshot(&self, dir: &Path, lock: &SnapshotLock) -> Result<()> {
+        let _ = lock;
         let parent = dir.parent().unwrap_or(Path::new("."));
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "index".into());
+        for stale in leftovers(parent, &name)? {
+            fs::remove_dir_all(stale)?;
+        }
         let tmp = parent.join(format!("{name}.tmp-{}", std::process::id()));
         let old = parent.join(format!("{name}.old-{}", std::process::id()));
-        if tmp.exists() {
-            fs::remove_dir_all(&tmp)?;
-        }
         fs::create_dir_all(&tmp)?;
         let manifest = {
             let g = read_lock(&self.graph);
@@ -835,6 +839,59 @@ pub fn snapshot_dir(db: &Path) -> PathBuf {
     let mut s = db.as_os_str().to_owned();
     s.push(".hnsw");
     PathBuf::from(s)
+}
+
+/// The directories an interrupted snapshot write left beside the snapshot `name` in
+/// `parent`: `<name>.tmp-<pid>` (a write under way) and `<name>.old-<pid>` (the snapshot it
+/// replaced).
+fn leftovers(parent: &Path, name: &str) -> Result<Vec<PathBuf>> {
+    let (tmp, old) = (format!("{name}.tmp-"), format!("{name}.old-"));
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(parent) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e.into()),
+    };
+    for e in entries {
+        let e = e?;
+        let file_name = e.file_name();
+        let f = file_name.to_string_lossy();
+        let pid = f.strip_prefix(&tmp).or_else(|| f.strip_prefix(&old));
+        if pid.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            && e.file_type()?.is_dir()
+        {
+            out.push(e.path());
+        }
+    }
+    Ok(out)
+}
+
+/// The exclusive lock of a snapshot directory's writers, in every process: held from
+/// before a writer catches its index up with the database until its snapshot is in place.
+/// So a snapshot written last is never older than the database was when the one before it
+/// was written: a process that deleted (and erased) a memory, then wrote its snapshot, is
+/// not followed by another process's snapshot made from an index that still held the
+/// memory's vector. A lock on the file `<dir>.lock` (the operating system's advisory file
+/// lock, released when the guard is dropped or the process ends).
+#[derive(Debug)]
+pub struct SnapshotLock {
+    _file: fs::File,
+}
+
+impl SnapshotLock {
+    /// Waits for the lock of the snapshot directory `dir`.
+    pub fn acquire(dir: &Path) -> Result<Self> {
+        let mut path = dir.as_os_str().to_owned();
+        path.push(".lock");
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(PathBuf::from(path))?;
+        file.lock()?;
+        Ok(SnapshotLock { _file: file })
+    }
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ mod store;
 
 pub use backend::MemoryBackend;
 pub use error::{ModelError, Result, StoreError};
-pub use index::{snapshot_dir, IndexHealth, Manifest, SNAPSHOT_FORMAT};
+pub use index::{snapshot_dir, IndexHealth, Manifest, SnapshotLock, SNAPSHOT_FORMAT};
 pub use options::{DeletePolicy, HnswParams, StoreOptions};
 pub use rows::{Filter, MetaFilter, MAX_META_KEY_BYTES, MAX_META_SET};
 pub use schema::SCHEMA_VERSION;

@@ -17,7 +17,7 @@ use cairn_core::{
     Metadata, NewMemory, SummaryType, ThreadId,
 };
 
-use crate::index::{snapshot_dir, Admit, Attr, Entry, IndexHealth, VectorIndex};
+use crate::index::{snapshot_dir, Admit, Attr, Entry, IndexHealth, SnapshotLock, VectorIndex};
 use crate::rows::{
     self, decode_vector, encode_vector, from_micros, query_units, query_units_with, to_micros,
     Visibility,
@@ -485,6 +485,18 @@ fn vectors(conn: &Connection, vids: Option<&[usize]>) -> Result<Vec<(usize, Vec<
 /// leaves the log's old frames for a later erase.
 const ERASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The `store_meta` key of [`Store::mark_for_erase`].
+const ERASE_MARK: &str = "erase_pending";
+
+/// Whether the database holds the mark of [`Store::mark_for_erase`].
+fn erase_marked(c: &Connection) -> Result<bool> {
+    Ok(c.query_row(
+        "SELECT EXISTS (SELECT 1 FROM store_meta WHERE key = ?1)",
+        [ERASE_MARK],
+        |r| r.get(0),
+    )?)
+}
+
 impl Store {
     /// Opens (or creates) the store at `path`.
     ///
@@ -552,6 +564,7 @@ impl Store {
                 rebuild(&conn, &shared, Some(why))?;
             }
         }
+        let erase_owed = erase_marked(&conn)?;
         let (tx, rx) = sync_channel::<Job>(options.queue_depth);
         let writer_shared = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
@@ -573,14 +586,26 @@ impl Store {
                 }
                 Ok(())
             })?;
-        Ok(Store {
+        let store = Store {
             inner: Arc::new(Inner {
                 shared,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
                 readers: Mutex::new(Vec::new()),
             }),
-        })
+        };
+        // An erase a forget owed when its process stopped (see `mark_for_erase`). The
+        // store opens whatever comes of it: the mark stays for the next open or erase.
+        if erase_owed {
+            match store.erase_deleted() {
+                Ok(true) => tracing::info!("an erase left by an earlier process is done"),
+                Ok(false) => tracing::warn!(
+                    "an erase left by an earlier process waits for another reader; retried at the next open or erase"
+                ),
+                Err(e) => tracing::warn!(error = %e, "an erase left by an earlier process failed; retried at the next open or erase"),
+            }
+        }
+        Ok(store)
     }
 
     /// The store clock's now, in microseconds (what reads hide expired memories by).
@@ -625,6 +650,13 @@ impl Store {
         // A background rebuild finishes and is swapped in (and snapshotted on close).
         self.settle()?;
         let inner = self.inner;
+        // The idle readers close first: the writer's connection, closing last, then
+        // checkpoints the log into the database and removes it.
+        inner
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         let tx = inner.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         drop(tx);
         let handle = inner
@@ -2055,9 +2087,10 @@ impl Store {
 
     /// For each of `vids`, a key that memories holding the same vector share (the same text
     /// stored again; see [`Self::search_vector_groups`]); a memory the index does not hold
-    /// (yet) has a key of its own. Copies inserted in one batch are linked in parallel, and
-    /// two of them may then both enter the graph before either finds the other: such a pair
-    /// has two keys (and is two answers of [`Self::search_vector_groups`]). Read from the
+    /// (yet) has a key of its own. A copy shares the key of the node its insertion's search
+    /// finds holding the same vector (the copies in one batch are linked after the batch's
+    /// first copy of their vector); should that approximate search miss it, the copy has a
+    /// key of its own (and is another answer of [`Self::search_vector_groups`]). Read from the
     /// index as it is, without catching up with other processes' writes first (a search,
     /// which does, comes before in the same operation: the ids are its answers).
     pub fn copy_keys(&self, vids: &[u64]) -> Result<Vec<u64>> {
@@ -2445,6 +2478,8 @@ impl Store {
     /// another process) was reading an older snapshot of the database: its old frames stay
     /// until a later erase or checkpoint finds no reader. What the file system does with the
     /// blocks it freed is outside the store (encrypt the disk for that).
+    ///
+    /// A successful erase (`true`) clears the mark [`Self::mark_for_erase`] leaves.
     pub fn erase_deleted(&self) -> Result<bool> {
         self.write(|conn, shared| {
             // The keyword index keeps a deleted memory's terms in its older segments (a
@@ -2464,8 +2499,34 @@ impl Store {
                 r.get::<_, i64>(0)
             });
             conn.busy_timeout(std::time::Duration::from_secs(30))?;
-            Ok(busy? == 0)
+            let whole = busy? == 0;
+            if whole {
+                // (The mark's page goes to the log now emptied: it holds no deleted byte.)
+                conn.execute("DELETE FROM store_meta WHERE key = ?1", [ERASE_MARK])?;
+            }
+            Ok(whole)
         })
+    }
+
+    /// Records in the database that deletes about to be made are to be erased from the
+    /// files ([`Self::erase_deleted`]): until an erase succeeds, every open of the store
+    /// runs one first. A forget marks the store before it deletes, so a process that stops
+    /// between its deletes and its erase (a crash, a kill) leaves the erase to the next
+    /// open instead of leaving the forgotten bytes in the files.
+    pub fn mark_for_erase(&self) -> Result<()> {
+        self.write(|conn, _| {
+            conn.execute(
+                "INSERT OR REPLACE INTO store_meta (key, value) VALUES (?1, '1')",
+                [ERASE_MARK],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Whether the store is marked for an erase ([`Self::mark_for_erase`]) that has not
+    /// succeeded yet.
+    pub fn erase_marked(&self) -> Result<bool> {
+        self.read(erase_marked)
     }
 
     /// Rebuilds the index from the stored embeddings (drops every tombstone).
@@ -2709,6 +2770,9 @@ fn swap_in_vectors(
     )?;
     // The index snapshot holds the old vectors: gone before the commit, so a failure
     // here leaves the store on the old model (its next open rebuilds the index).
+    // (Not under the snapshot lock: this transaction holds the database's, and a snapshot
+    // writer takes them the other way round. A snapshot of the old model written after
+    // this is refused at the next open by its manifest's model.)
     let snap = snapshot_dir(path);
     if snap.exists() {
         std::fs::remove_dir_all(snap)?;
@@ -3468,9 +3532,12 @@ fn snapshot(conn: &Connection, shared: &Shared) -> Result<()> {
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     same_model(&shared.options, model, dim)?;
     // Other writers' deletes first: an entry another process deleted is written without
-    // its vector (see `Store::erase_deleted`), not brought back from this one's graph.
+    // its vector (see `Store::erase_deleted`), not brought back from this one's graph. Under
+    // the snapshot lock, so a process whose erase wrote its snapshot since is not followed
+    // by this one's made from an index caught up before that delete.
+    let lock = SnapshotLock::acquire(&shared.snapshot_dir)?;
     try_sync_index(conn, shared)?;
-    shared.index.snapshot(&shared.snapshot_dir)?;
+    shared.index.snapshot(&shared.snapshot_dir, &lock)?;
     shared
         .snapshot_failures
         .lock()

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use cairn_core::{InputError, MemoryId, MemoryKind, NewMemory, Role, ThreadId};
 use cairn_store::{
-    snapshot_dir, DeletePolicy, Filter, HnswParams, NewSummary, Store, StoreError, StoreOptions,
-    SNAPSHOT_FORMAT,
+    snapshot_dir, DeletePolicy, Filter, HnswParams, NewSummary, SnapshotLock, Store, StoreError,
+    StoreOptions, SNAPSHOT_FORMAT,
 };
 use common::*;
 use rand::rngs::StdRng;
@@ -1467,6 +1467,118 @@ fn another_handles_snapshot_does_not_bring_an_erased_vector_back() {
         Vec::<std::path::PathBuf>::new(),
         "b's snapshot"
     );
+    a.close().unwrap();
+}
+
+/// Handles (processes) write snapshots one at a time, and each catches its index up with
+/// the database only once it holds the snapshot lock: a snapshot that waited for the lock
+/// while another handle deleted a memory does not bring the memory's vector back (caught
+/// up before the wait, it would: the other handle's erase would then be undone by a later
+/// snapshot).
+#[test]
+fn a_snapshot_catches_up_once_it_holds_the_lock() {
+    let dir = tmp();
+    let path = dir.path().join("l.db");
+    let mut rng = StdRng::seed_from_u64(17);
+    let a = open(&path, 16);
+    let v = random_unit(&mut rng, 16);
+    let gone = a.insert(knowledge("gone"), v.clone()).unwrap();
+    a.snapshot().unwrap();
+    let b = open(&path, 16);
+    b.insert(knowledge("b's"), random_unit(&mut rng, 16))
+        .unwrap();
+    let vector: Vec<u8> = v[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let snap = snapshot_dir(&path);
+    assert!(!holding(&snap, &vector).is_empty());
+    let held = SnapshotLock::acquire(&snap).unwrap();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| b.snapshot());
+        // (Time for b to reach the lock: the test passes however long it takes, and fails
+        // on a catch-up made before the wait only when b waits before the delete.)
+        std::thread::sleep(Duration::from_millis(300));
+        a.delete(gone.id, DeletePolicy::Restrict).unwrap();
+        drop(held);
+        waiting.join().unwrap().unwrap();
+    });
+    assert_eq!(holding(&snap, &vector), Vec::<std::path::PathBuf>::new());
+    assert!(b.get(gone.id).is_err());
+    a.close().unwrap();
+    b.close().unwrap();
+}
+
+/// A store marked for an erase that did not run (a forget whose process stopped between
+/// its deletes and its erase) is erased when it is opened next, and the mark goes.
+#[test]
+fn an_erase_left_by_a_stopped_process_runs_at_the_next_open() {
+    let dir = tmp();
+    let path = dir.path().join("m.db");
+    let mut rng = StdRng::seed_from_u64(23);
+    let a = open(&path, 16);
+    let gone = a
+        .insert(
+            knowledge("the passphrase is vorquellian"),
+            random_unit(&mut rng, 16),
+        )
+        .unwrap();
+    let kept = a
+        .insert(knowledge("kept"), random_unit(&mut rng, 16))
+        .unwrap();
+    assert!(!a.erase_marked().unwrap());
+    a.mark_for_erase().unwrap();
+    a.delete(gone.id, DeletePolicy::Restrict).unwrap();
+    assert!(a.erase_marked().unwrap());
+    // The process stops here, before its erase.
+    a.close().unwrap();
+    assert!(
+        !holding(dir.path(), b"vorquellian").is_empty(),
+        "the keyword index keeps the term until a merge"
+    );
+    let b = open(&path, 16);
+    assert!(!b.erase_marked().unwrap());
+    assert_eq!(
+        holding(dir.path(), b"vorquellian"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert_eq!(b.get(kept.id).unwrap().id, kept.id);
+    // Erased and unmarked: the next open has nothing to do.
+    b.close().unwrap();
+    let c = open(&path, 16);
+    assert!(!c.erase_marked().unwrap());
+    c.close().unwrap();
+}
+
+/// What an interrupted snapshot write left beside the snapshot (a temporary directory, or
+/// the snapshot it was replacing, both holding vectors as they were) goes at the next
+/// snapshot; a directory of another name stays.
+#[test]
+fn a_snapshot_removes_what_an_interrupted_one_left() {
+    let dir = tmp();
+    let path = dir.path().join("i.db");
+    let mut rng = StdRng::seed_from_u64(19);
+    let a = open(&path, 16);
+    a.insert(knowledge("kept"), random_unit(&mut rng, 16))
+        .unwrap();
+    a.snapshot().unwrap();
+    let mut name = snapshot_dir(&path).into_os_string();
+    let left: Vec<std::path::PathBuf> = [".tmp-4000001", ".old-77"]
+        .iter()
+        .map(|suffix| {
+            let mut n = name.clone();
+            n.push(suffix);
+            std::path::PathBuf::from(n)
+        })
+        .collect();
+    name.push(".tmp-mine");
+    let other = std::path::PathBuf::from(name);
+    for d in left.iter().chain([&other]) {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("graph.bin"), b"old vectors").unwrap();
+    }
+    a.snapshot().unwrap();
+    for d in &left {
+        assert!(!d.exists(), "{d:?}");
+    }
+    assert!(other.join("graph.bin").exists());
     a.close().unwrap();
 }
 

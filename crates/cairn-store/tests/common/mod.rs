@@ -95,7 +95,7 @@ pub fn options(dim: usize) -> StoreOptions {
 pub fn turn(thread: &str, i: usize) -> NewMemory {
     NewMemory::conversational(
         ThreadId::new(thread).unwrap(),
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             Role::User
         } else {
             Role::Assistant
