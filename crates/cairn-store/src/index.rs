@@ -889,7 +889,15 @@ impl SnapshotLock {
             .create(true)
             .truncate(false)
             .open(PathBuf::from(path))?;
-        file.lock()?;
+        match file.lock() {
+            Ok(()) => {}
+            // A file system without advisory locks: snapshots are still written whole (a
+            // temporary directory, then a rename), only not one process at a time.
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                tracing::warn!(error = %e, "no file locks here: snapshots of several processes are not serialized");
+            }
+            Err(e) => return Err(e.into()),
+        }
         Ok(SnapshotLock { _file: file })
     }
 }
