@@ -439,10 +439,7 @@ async fn forgotten_is_not_recalled() {
 
     // What the files hold: the turn's text and summaries' (rows), its vector (the row, the
     // embedding cache).
-    let vector: Vec<u8> = model.embed(&[lines[2]]).unwrap()[0][..4]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
+    let vector = leading_bytes(model.as_ref(), lines[2]);
     let needles: [&[u8]; 4] = [
         lines[2].as_bytes(),
         b"combination 4417; knees",
@@ -536,10 +533,7 @@ async fn a_delete_is_scrubbed_on_request() {
             .at(now() - Duration::minutes(10 - i as i64));
         ids.push(mem.add(m).await.unwrap());
     }
-    let vector: Vec<u8> = model.embed(&[lines[0]]).unwrap()[0][..4]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
+    let vector = leading_bytes(model.as_ref(), lines[0]);
     mem.delete(ids[0]).await.unwrap();
     // The row is overwritten, but the keyword index keeps the term until a merge.
     assert!(!holding(dir.path(), b"quorzantel").is_empty());
@@ -603,6 +597,15 @@ async fn an_unfinished_erase_is_finished_by_the_next_open() {
     let check = rusqlite::Connection::open(&db).unwrap();
     assert!(!marked(&check));
     assert_eq!(mem.get(ids[1]).await.unwrap().id, ids[1]);
+}
+
+/// The first four floats of `text`'s vector as a file stores them: what a scan for the
+/// vector looks for.
+fn leading_bytes(model: &dyn Embedder, text: &str) -> Vec<u8> {
+    model.embed(&[text]).unwrap()[0][..4]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect()
 }
 
 fn holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {

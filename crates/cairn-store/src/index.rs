@@ -635,19 +635,28 @@ impl VectorIndex {
     /// under `lock` (the lock of `dir`'s writers; see [`SnapshotLock`]). Searches go on
     /// meanwhile; only the writer thread changes the graph. What an interrupted write of
     /// any process left beside `dir` (a temporary or a replaced directory, holding vectors
-    /// as they were then) is removed first: under the lock no other write is under way.
+    /// as they were then) is removed first: under the lock no other write is under way
+    /// (where the file system has no locks, only this process's own leftovers are).
     pub fn snapshot(&self, dir: &Path, lock: &SnapshotLock) -> Result<()> {
-        let _ = lock;
         let parent = dir.parent().unwrap_or(Path::new("."));
         let name = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "index".into());
-        for stale in leftovers(parent, &name)? {
-            fs::remove_dir_all(stale)?;
-        }
         let tmp = parent.join(format!("{name}.tmp-{}", std::process::id()));
         let old = parent.join(format!("{name}.old-{}", std::process::id()));
+        let stale = if lock.held {
+            leftovers(parent, &name)?
+        } else {
+            [&tmp, &old]
+                .into_iter()
+                .filter(|d| d.exists())
+                .cloned()
+                .collect()
+        };
+        for d in stale {
+            fs::remove_dir_all(d)?;
+        }
         fs::create_dir_all(&tmp)?;
         let manifest = {
             let g = read_lock(&self.graph);
@@ -876,6 +885,8 @@ fn leftovers(parent: &Path, name: &str) -> Result<Vec<PathBuf>> {
 #[derive(Debug)]
 pub struct SnapshotLock {
     _file: fs::File,
+    /// Whether the lock is held: `false` on a file system without advisory locks.
+    held: bool,
 }
 
 impl SnapshotLock {
@@ -889,16 +900,17 @@ impl SnapshotLock {
             .create(true)
             .truncate(false)
             .open(PathBuf::from(path))?;
-        match file.lock() {
-            Ok(()) => {}
+        let held = match file.lock() {
+            Ok(()) => true,
             // A file system without advisory locks: snapshots are still written whole (a
             // temporary directory, then a rename), only not one process at a time.
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
                 tracing::warn!(error = %e, "no file locks here: snapshots of several processes are not serialized");
+                false
             }
             Err(e) => return Err(e.into()),
-        }
-        Ok(SnapshotLock { _file: file })
+        };
+        Ok(SnapshotLock { _file: file, held })
     }
 }
 

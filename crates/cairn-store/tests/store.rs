@@ -1300,6 +1300,26 @@ fn files_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
 }
 
 /// The files under `dir` that hold `needle`.
+/// The first four floats of a vector as a file stores them: what a scan for it looks for.
+fn leading_bytes(v: &[f32]) -> Vec<u8> {
+    v[..4].iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Two handles on one file (two processes): `a` stored the memory `gone` and wrote its
+/// snapshot; `b`, opened after, wrote a memory of its own, so its index holds `gone` too.
+/// Returns both, `gone`, and its vector's leading bytes.
+fn two_handles_holding_one(path: &std::path::Path, seed: u64) -> (Store, Store, MemoryId, Vec<u8>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let a = open(path, 16);
+    let v = random_unit(&mut rng, 16);
+    let gone = a.insert(knowledge("gone"), v.clone()).unwrap();
+    a.snapshot().unwrap();
+    let b = open(path, 16);
+    b.insert(knowledge("b's"), random_unit(&mut rng, 16))
+        .unwrap();
+    (a, b, gone.id, leading_bytes(&v))
+}
+
 fn holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
     files_under(dir)
         .into_iter()
@@ -1345,11 +1365,8 @@ fn deleted_memories_leave_no_bytes_in_the_files() {
     let text = b"quokkazanzibar4711".as_slice();
     // The keyword index stores a term after the prefix it shares with the one before it.
     let term = b"zanzibar4711".as_slice();
-    let vector: Vec<u8> = secret_vec[..4]
-        .iter()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let twin: Vec<u8> = twin_vec[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let vector = leading_bytes(&secret_vec);
+    let twin = leading_bytes(&twin_vec);
     for needle in [text, term, &vector] {
         assert!(
             !holding(dir.path(), needle).is_empty(),
@@ -1445,18 +1462,9 @@ fn a_reader_of_an_older_snapshot_defers_the_erase() {
 #[test]
 fn another_handles_snapshot_does_not_bring_an_erased_vector_back() {
     let dir = tmp();
-    let path = dir.path().join("h.db");
-    let mut rng = StdRng::seed_from_u64(13);
-    let a = open(&path, 16);
-    let v = random_unit(&mut rng, 16);
-    let gone = a.insert(knowledge("gone"), v.clone()).unwrap();
-    a.snapshot().unwrap();
-    let b = open(&path, 16);
-    b.insert(knowledge("b's"), random_unit(&mut rng, 16))
-        .unwrap();
-    a.delete(gone.id, DeletePolicy::Restrict).unwrap();
+    let (a, b, gone, vector) = two_handles_holding_one(&dir.path().join("h.db"), 13);
+    a.delete(gone, DeletePolicy::Restrict).unwrap();
     assert!(a.erase_deleted().unwrap());
-    let vector: Vec<u8> = v[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
     assert_eq!(
         holding(dir.path(), &vector),
         Vec::<std::path::PathBuf>::new()
@@ -1479,15 +1487,7 @@ fn another_handles_snapshot_does_not_bring_an_erased_vector_back() {
 fn a_snapshot_catches_up_once_it_holds_the_lock() {
     let dir = tmp();
     let path = dir.path().join("l.db");
-    let mut rng = StdRng::seed_from_u64(17);
-    let a = open(&path, 16);
-    let v = random_unit(&mut rng, 16);
-    let gone = a.insert(knowledge("gone"), v.clone()).unwrap();
-    a.snapshot().unwrap();
-    let b = open(&path, 16);
-    b.insert(knowledge("b's"), random_unit(&mut rng, 16))
-        .unwrap();
-    let vector: Vec<u8> = v[..4].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let (a, b, gone, vector) = two_handles_holding_one(&path, 17);
     let snap = snapshot_dir(&path);
     assert!(!holding(&snap, &vector).is_empty());
     let held = SnapshotLock::acquire(&snap).unwrap();
@@ -1496,12 +1496,12 @@ fn a_snapshot_catches_up_once_it_holds_the_lock() {
         // (Time for b to reach the lock: the test passes however long it takes, and fails
         // on a catch-up made before the wait only when b waits before the delete.)
         std::thread::sleep(Duration::from_millis(300));
-        a.delete(gone.id, DeletePolicy::Restrict).unwrap();
+        a.delete(gone, DeletePolicy::Restrict).unwrap();
         drop(held);
         waiting.join().unwrap().unwrap();
     });
     assert_eq!(holding(&snap, &vector), Vec::<std::path::PathBuf>::new());
-    assert!(b.get(gone.id).is_err());
+    assert!(b.get(gone).is_err());
     a.close().unwrap();
     b.close().unwrap();
 }
