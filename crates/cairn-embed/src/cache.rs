@@ -272,6 +272,55 @@ impl CachedEmbedder {
         Ok(gone)
     }
 
+    /// Removes every entry whose text's key ([`text_key`]) is not in `keep`, under every
+    /// model: what a purge does when the texts to purge are no longer known (a process
+    /// stopped between deleting memories and purging their texts), given the keys of every
+    /// text the store still holds. Vectors of other texts (queries, say) go too; they are
+    /// embedded again when next asked for. Returns how many entries went.
+    pub fn retain_keys(
+        &self,
+        keep: &std::collections::HashSet<[u8; 32]>,
+    ) -> Result<usize, EmbedError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(db_err)?;
+        let stale: Vec<(String, Vec<u8>)> = {
+            let mut stmt = tx
+                .prepare("SELECT model_id, text_sha256 FROM embedding_cache")
+                .map_err(db_err)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+                })
+                .map_err(db_err)?;
+            let mut stale = Vec::new();
+            for row in rows {
+                let (model, k) = row.map_err(db_err)?;
+                let kept = <[u8; 32]>::try_from(k.as_slice()).is_ok_and(|k| keep.contains(&k));
+                if !kept {
+                    stale.push((model, k));
+                }
+            }
+            stale
+        };
+        let mut gone = 0;
+        {
+            let mut del = tx
+                .prepare_cached(
+                    "DELETE FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
+                )
+                .map_err(db_err)?;
+            for (m, k) in &stale {
+                gone += del.execute(params![m, k]).map_err(db_err)?;
+            }
+        }
+        let entries = meta(&tx, "entries").map_err(db_err)?;
+        set_meta(&tx, "entries", (entries - to_i64(gone)).max(0)).map_err(db_err)?;
+        tx.commit().map_err(db_err)?;
+        Ok(gone)
+    }
+
     /// Removes every entry of a model other than the wrapped one (a store holds the vectors
     /// of one model; the others' are left from before it was re-embedded, and no call would
     /// read them again). Returns how many entries went.
@@ -375,6 +424,12 @@ impl CachedEmbedder {
 }
 
 fn key(text: &str) -> [u8; 32] {
+    text_key(text)
+}
+
+/// The key a [`CachedEmbedder`] keeps a text's vector under (with the model's id): the
+/// sha256 of its UTF-8 bytes. See [`CachedEmbedder::retain_keys`].
+pub fn text_key(text: &str) -> [u8; 32] {
     Sha256::digest(text.as_bytes()).into()
 }
 

@@ -26,7 +26,7 @@ mod fast;
 mod hash;
 pub mod provision;
 
-pub use cache::{CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
+pub use cache::{text_key, CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
 pub use fast::{FastEmbedder, FastEmbedderBuilder, MINILM_DIM, MINILM_MAX_TOKENS, MINILM_MODEL_ID};
 #[cfg(feature = "testing")]
 pub use hash::HashEmbedder;

@@ -70,7 +70,7 @@ pub struct ForgetReport {
     /// process was reading an older snapshot of a SQLite store (its log is truncated by a
     /// later forget or checkpoint), or when the embedding cache could not be purged or the
     /// files could not be scrubbed (logged; the memories are forgotten all the same; the
-    /// next open of a SQLite store runs the erase again). `true` when there was nothing to
+    /// next open of a SQLite store purges the cache and runs the erase again). `true` when there was nothing to
     /// forget, on every backend.
     #[serde(default)]
     pub erased: bool,
@@ -178,6 +178,13 @@ impl MemoryHarness {
     /// ([`cairn_store::MemoryBackend::erase_deleted`]; [`ForgetReport::erased`] says
     /// whether that was done whole).
     ///
+    /// On a SQLite store a forget that does not finish (its process is killed, or it stops
+    /// on an error after its deletes) is finished by the next open of the store: the
+    /// summaries it was to write again are deleted instead (their sources stay and are
+    /// summarized again by the next consolidation), the embedding cache keeps only the
+    /// vectors of texts the store still holds, and the files are erased
+    /// ([`cairn_store::Store::mark_forget`]).
+    ///
     /// An unknown id in [`Forget::Ids`] is `NotFound` and forgets nothing.
     pub async fn forget(&self, what: Forget) -> Result<ForgetReport> {
         let (ids, thread) = match what {
@@ -200,14 +207,28 @@ impl MemoryHarness {
             let inner = self.inner.clone();
             blocking(move || inner.store.mark_for_erase()).await??;
         }
+        // And the rest of the forget: the summaries to write again and the cache's purge.
+        // Should this process stop first, the next open deletes those summaries and purges
+        // every text the store no longer holds (a SQLite store; see `Store::mark_forget`).
+        let forget_mark = match &self.inner.sqlite {
+            Some(store) if !ids_empty => {
+                let store = store.clone();
+                Some(blocking(move || store.mark_forget()).await??)
+            }
+            _ => None,
+        };
         if !ids_empty {
             let inner = self.inner.clone();
             // The texts of everything deleted (summaries left with no source too) go from
             // the cache as well.
+            let mark = forget_mark.as_ref().map(|m| m.name.clone());
             let (deleted, detached, texts) = blocking(move || -> Result<_> {
-                let (r, texts) = inner
-                    .store
-                    .delete_many_with_texts(&ids, DeletePolicy::Detach)?;
+                let (r, texts) = match (&inner.sqlite, &mark) {
+                    (Some(store), Some(mark)) => store.delete_marked(&ids, mark)?,
+                    _ => inner
+                        .store
+                        .delete_many_with_texts(&ids, DeletePolicy::Detach)?,
+                };
                 Ok((r.deleted, r.detached, texts))
             })
             .await??;
@@ -271,12 +292,21 @@ impl MemoryHarness {
                     match cache.purge(&refs) {
                         Ok(_) => true,
                         Err(e) => {
-                            tracing::warn!(error = %e, "forgotten texts stay in the embedding cache");
+                            tracing::warn!(error = %e, "forgotten texts stay in the embedding cache until the next open");
                             false
                         }
                     }
                 })
                 .await?;
+            }
+            // Done but for the erase, which has its own mark. A mark left behind (a purge
+            // that failed) has the next open purge the cache.
+            if let (Some(store), Some(mark), true) = (&self.inner.sqlite, forget_mark, purged) {
+                let store = store.clone();
+                // The lock goes with the mark (a mark left behind is finished by an open).
+                if let Err(e) = blocking(move || store.clear_forget_marks(&[mark.name])).await? {
+                    tracing::warn!(error = %e, "a forget mark stays: the next open purges the embedding cache again");
+                }
             }
         }
         if let Some(t) = thread {

@@ -452,11 +452,12 @@ impl HarnessBuilder {
                 }
             };
         // The embedding cache lives in the SQLite file; a PostgreSQL store runs without it.
-        let (embedder, cache) = if cache && sqlite.is_some() {
+        let (embedder, cache) = if let (true, Some(store)) = (cache, sqlite.clone()) {
             let inner = base.clone();
             let c = Arc::new(
                 blocking(move || {
                     let c = CachedEmbedder::open_with_capacity(inner, path, cache_capacity)?;
+                    finish_forgets(&store, Some(&c));
                     // Vectors of a model the store was on before a re-embedding: no call
                     // reads them again.
                     match c.drop_other_models() {
@@ -475,6 +476,9 @@ impl HarnessBuilder {
             );
             (c.clone() as Arc<dyn Embedder>, Some(c))
         } else {
+            if let Some(store) = sqlite.clone() {
+                blocking(move || finish_forgets(&store, None)).await?;
+            }
             (base, None)
         };
         let summarizer = summarizer
@@ -496,6 +500,91 @@ impl HarnessBuilder {
                 location,
             }),
         })
+    }
+}
+
+/// Finishes what forgets that did not live to the end left (see [`Store::mark_forget`]):
+/// the summaries they were to write again are deleted (their sources stay; the next
+/// consolidation summarizes them again), the embedding cache (when `cache` is given) keeps
+/// only the vectors of texts the store still holds, since the texts those forgets were to
+/// purge are not known any more, and the store is erased again so that its log and free
+/// pages keep none of it. Nothing is done while a forget of another process is under way
+/// (it holds the forget lock: its mark may not be left behind at all). A failure is logged
+/// and the marks stay for the next open. A harness opened with its cache off leaves the
+/// cache's table as it is.
+fn finish_forgets(store: &Store, cache: Option<&CachedEmbedder>) {
+    // Marks of forgets under way in other processes are theirs to clear.
+    let _lock = match store.try_lock_forgets() {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            tracing::info!("a forget is under way in another process; what earlier ones left waits for the next open");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not take the forget lock");
+            return;
+        }
+    };
+    let marks = match store.forget_marks() {
+        Ok(m) if m.is_empty() => return,
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the store's forget marks");
+            return;
+        }
+    };
+    let done = (|| -> std::result::Result<(usize, usize), String> {
+        let listed: Vec<MemoryId> = marks.iter().flat_map(|m| m.summaries.clone()).collect();
+        let found = store.existing(&listed).map_err(|e| e.to_string())?;
+        let doomed: Vec<MemoryId> = listed
+            .into_iter()
+            .filter(|id| found.contains(id))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let deleted = if doomed.is_empty() {
+            0
+        } else {
+            // The erase mark first: should this not finish, the next open erases too.
+            store.mark_for_erase().map_err(|e| e.to_string())?;
+            store
+                .delete_many(&doomed, DeletePolicy::Detach)
+                .map_err(|e| e.to_string())?
+                .deleted
+                .len()
+        };
+        let mut purged = 0;
+        if let Some(cache) = cache {
+            let mut keep = std::collections::HashSet::new();
+            store
+                .for_each_text(|t| {
+                    keep.insert(cairn_embed::text_key(t));
+                })
+                .map_err(|e| e.to_string())?;
+            purged = cache.retain_keys(&keep).map_err(|e| e.to_string())?;
+        }
+        store.mark_for_erase().map_err(|e| e.to_string())?;
+        let names: Vec<String> = marks.iter().map(|m| m.name.clone()).collect();
+        store
+            .clear_forget_marks(&names)
+            .map_err(|e| e.to_string())?;
+        Ok((deleted, purged))
+    })();
+    match done {
+        Ok((deleted, purged)) => {
+            tracing::info!(
+                forgets = marks.len(),
+                summaries_deleted = deleted,
+                cache_entries_purged = purged,
+                "finished forgets an earlier process left"
+            );
+            if let Err(e) = store.erase_deleted() {
+                tracing::warn!(error = %e, "what they deleted stays in the files until the next erase");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "forgets an earlier process left are not finished; retried at the next open");
+        }
     }
 }
 

@@ -599,6 +599,159 @@ async fn an_unfinished_erase_is_finished_by_the_next_open() {
     assert_eq!(mem.get(ids[1]).await.unwrap().id, ids[1]);
 }
 
+/// A summarizer that never answers once the forget under test calls it, and says so: the
+/// forget stops there, after its deletes, as if its process had been killed.
+struct Stuck {
+    entered: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl cairn_core::Summarizer for Stuck {
+    fn name(&self) -> &str {
+        "stuck"
+    }
+    async fn summarize(
+        &self,
+        _: &cairn_core::SummaryRequest,
+    ) -> Result<String, cairn_core::SummarizeError> {
+        self.entered.notify_one();
+        std::future::pending().await
+    }
+}
+
+/// A forget cut short after its deletes (the task is dropped while the summarizer is
+/// writing the first summary again: nothing after that point runs, as when the process is
+/// killed) left the summaries quoting the forgotten turn and the turn's vector in the
+/// embedding cache. The next open finishes it: those summaries are deleted (their other
+/// sources stay), the cache keeps only the store's texts, no file holds the forgotten words
+/// or vector, and no mark is left. An open while the forget is still under way leaves it
+/// alone. A forget that finishes leaves no mark either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_cut_short_is_finished_by_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = hash();
+    let stuck = Arc::new(Stuck {
+        entered: tokio::sync::Notify::new(),
+    });
+    let build = |s: Option<Arc<Stuck>>| {
+        let mut b = MemoryHarness::builder(dir.path().join("e.db"))
+            .embedder(model.clone())
+            .clock(Arc::new(ManualClock::new(now())));
+        if let Some(s) = s {
+            b = b.summarizer(s);
+        }
+        b.build()
+    };
+    let mem = build(Some(stuck.clone())).await.unwrap();
+    let thread = cairn_core::ThreadId::new("k").unwrap();
+    let lines = [
+        "The spare key is under the blue plorvanite pot.",
+        "The plumber comes on Tuesday.",
+        "Dinner with Ana on Friday.",
+        "The car needs new tyres.",
+    ];
+    let mut turns = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let m = NewMemory::conversational(thread.clone(), Role::User, *l)
+            .at(now() - Duration::minutes(10 - i as i64));
+        turns.push(mem.add(m).await.unwrap());
+    }
+    let quoting = "Key under the plorvanite pot; plumber on Tuesday.";
+    let s1 = mem
+        .add_summary(quoting, &turns[..2], Some("k"))
+        .await
+        .unwrap();
+    let s1b = mem
+        .add_summary("Dinner with Ana; tyres.", &turns[2..], Some("k"))
+        .await
+        .unwrap();
+    let s2 = mem
+        .add_summary(
+            "The plorvanite pot hides the key; errands.",
+            &[s1, s1b],
+            Some("k"),
+        )
+        .await
+        .unwrap();
+    let cache = mem.embedding_cache().unwrap().clone();
+    let db = dir.path().join("e.db");
+    let marks = |db: &std::path::Path| -> Vec<(String, String)> {
+        let c = rusqlite::Connection::open(db).unwrap();
+        let mut stmt = c
+            .prepare("SELECT key, value FROM store_meta WHERE key LIKE 'forget:%'")
+            .unwrap();
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        rows
+    };
+    // A forget that finishes (of a turn under no summary) leaves no mark.
+    let lone = NewMemory::conversational(thread.clone(), Role::User, "I lost my umbrella.")
+        .at(now() - Duration::minutes(1));
+    let lone = mem.add(lone).await.unwrap();
+    let report = mem.forget(Forget::Ids(vec![lone])).await.unwrap();
+    assert_eq!(report.deleted, vec![lone]);
+    assert!(report.erased);
+    assert!(marks(&db).is_empty());
+    assert!(!cache.contains("I lost my umbrella.").unwrap());
+
+    let vector = leading_bytes(model.as_ref(), lines[0]);
+    assert!(cache.contains(lines[0]).unwrap());
+    assert!(cache.contains(quoting).unwrap());
+
+    let cut = {
+        let (mem, secret) = (mem.clone(), turns[0]);
+        tokio::spawn(async move { mem.forget(Forget::Ids(vec![secret])).await })
+    };
+    stuck.entered.notified().await;
+    // While it is under way, another open leaves its mark and summaries alone.
+    let other = build(None).await.unwrap();
+    assert_eq!(marks(&db).len(), 1);
+    assert!(other.get(s1).await.unwrap().content.contains("plorvanite"));
+    other.close().await.unwrap();
+    cut.abort();
+    assert!(cut.await.unwrap_err().is_cancelled());
+    // Cut short: the turn is gone from reads, but the summaries above it still quote it,
+    // the cache still holds its vector, and the mark names the summaries to write again.
+    assert!(matches!(
+        mem.get(turns[0]).await,
+        Err(HarnessError::NotFound { .. })
+    ));
+    assert!(mem.get(s1).await.unwrap().content.contains("plorvanite"));
+    assert!(cache.contains(lines[0]).unwrap());
+    let left = marks(&db);
+    assert_eq!(left.len(), 1);
+    let named: HashSet<MemoryId> = serde_json::from_str::<Vec<MemoryId>>(&left[0].1)
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(named, HashSet::from([s1, s2]));
+    drop(cache);
+    mem.close().await.unwrap();
+
+    let mem = build(None).await.unwrap();
+    assert!(marks(&db).is_empty());
+    for s in [s1, s2] {
+        assert!(matches!(
+            mem.get(s).await,
+            Err(HarnessError::NotFound { .. })
+        ));
+    }
+    // What the forget did not touch stays: the other sources, the summary of the others.
+    assert_eq!(mem.get(turns[1]).await.unwrap().content, lines[1]);
+    assert_eq!(mem.get(s1b).await.unwrap().id, s1b);
+    let cache = mem.embedding_cache().unwrap().clone();
+    assert!(!cache.contains(lines[0]).unwrap());
+    assert!(!cache.contains(quoting).unwrap());
+    assert!(cache.contains(lines[1]).unwrap());
+    for n in [&b"plorvanite"[..], lines[0].as_bytes(), &vector] {
+        assert!(holding(dir.path(), n).is_empty(), "after the open: {n:?}");
+    }
+    mem.close().await.unwrap();
+}
+
 /// The first four floats of `text`'s vector as a file stores them: what a scan for the
 /// vector looks for.
 fn leading_bytes(model: &dyn Embedder, text: &str) -> Vec<u8> {

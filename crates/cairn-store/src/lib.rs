@@ -51,6 +51,6 @@ pub use options::{DeletePolicy, HnswParams, StoreOptions};
 pub use rows::{Filter, MetaFilter, MAX_META_KEY_BYTES, MAX_META_SET};
 pub use schema::SCHEMA_VERSION;
 pub use store::{
-    Cursor, DeleteReport, Hit, IndexCheck, NewSummary, Page, Store, StoreStats, ThreadState,
-    TimelineEntry,
+    Cursor, DeleteReport, ForgetLock, ForgetMark, Hit, IndexCheck, NewSummary, Page, PendingForget,
+    Store, StoreStats, ThreadState, TimelineEntry,
 };

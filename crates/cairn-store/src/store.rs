@@ -488,6 +488,59 @@ const ERASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// The `store_meta` key of [`Store::mark_for_erase`].
 const ERASE_MARK: &str = "erase_pending";
 
+/// The lock on `<db>.forget.lock` that tells a forget under way from one whose process
+/// stopped: held shared by each forget ([`PendingForget`]) and exclusively by whoever
+/// finishes the marks left ([`Store::try_lock_forgets`]). The operating system's advisory
+/// file lock, released when this is dropped or the process ends.
+#[derive(Debug)]
+pub struct ForgetLock {
+    file: std::fs::File,
+    held: bool,
+}
+
+impl ForgetLock {
+    fn open(db: &Path) -> Result<Self> {
+        let mut path = db.as_os_str().to_owned();
+        path.push(".forget.lock");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(PathBuf::from(path))?;
+        Ok(ForgetLock { file, held: false })
+    }
+
+    /// Whether the lock is held: `false` on a file system without advisory locks.
+    pub fn held(&self) -> bool {
+        self.held
+    }
+}
+
+/// A forget under way ([`Store::mark_forget`]): its mark's name, and the forget lock held
+/// shared until this is dropped. The mark stays in the database until it is cleared
+/// ([`Store::clear_forget_marks`]).
+#[derive(Debug)]
+pub struct PendingForget {
+    /// The mark's name (for [`Store::delete_marked`] and [`Store::clear_forget_marks`]).
+    pub name: String,
+    _lock: ForgetLock,
+}
+
+/// A forget that has not finished ([`Store::mark_forget`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForgetMark {
+    /// The mark's name.
+    pub name: String,
+    /// The summaries its deletes left to be written again (see [`Store::delete_marked`]).
+    pub summaries: Vec<MemoryId>,
+}
+
+/// The `store_meta` key prefix of [`Store::mark_forget`]'s marks, and the first key past
+/// them (`:` + 1).
+const FORGET_MARK: &str = "forget:";
+const FORGET_MARK_END: &str = "forget;";
+
 /// Whether the database holds the mark of [`Store::mark_for_erase`].
 fn erase_marked(c: &Connection) -> Result<bool> {
     Ok(c.query_row(
@@ -1475,6 +1528,34 @@ impl Store {
         ids: &[MemoryId],
         policy: DeletePolicy,
     ) -> Result<(DeleteReport, Vec<String>)> {
+        self.delete_rows(ids, policy, None)
+    }
+
+    /// A forget's delete: [`Self::delete_many_with_texts`] under `Detach`, which also
+    /// records in `mark` (made by [`Self::mark_forget`]), in the same transaction, every
+    /// summary the deletes leave to be written again (those detached and every summary
+    /// above them). A process that stops before it has rewritten them leaves the list to
+    /// the next open.
+    pub fn delete_marked(
+        &self,
+        ids: &[MemoryId],
+        mark: &str,
+    ) -> Result<(DeleteReport, Vec<String>)> {
+        if !mark.starts_with(FORGET_MARK) {
+            return Err(StoreError::Input(InputError::UnknownName {
+                what: "forget mark",
+                value: mark.chars().take(64).collect(),
+            }));
+        }
+        self.delete_rows(ids, DeletePolicy::Detach, Some(mark.to_owned()))
+    }
+
+    fn delete_rows(
+        &self,
+        ids: &[MemoryId],
+        policy: DeletePolicy,
+        mark: Option<String>,
+    ) -> Result<(DeleteReport, Vec<String>)> {
         let ids = ids.to_vec();
         self.write(move |conn, shared| {
             let mut texts = Vec::new();
@@ -1555,6 +1636,24 @@ impl Store {
                     up.sort_unstable();
                     up.dedup();
                     up.retain(|r| !doomed_set.contains(r));
+                    if let Some(mark) = &mark {
+                        let mut id_of =
+                            tx.prepare_cached("SELECT id FROM memories WHERE rid = ?1")?;
+                        let mut ids: Vec<MemoryId> = Vec::with_capacity(up.len());
+                        for r in &up {
+                            ids.push(MemoryId::from_bytes(
+                                id_of.query_row(params![r], |x| x.get(0))?,
+                            ));
+                        }
+                        tx.execute(
+                            "INSERT OR REPLACE INTO store_meta (key, value) VALUES (?1, ?2)",
+                            params![
+                                mark,
+                                serde_json::to_string(&ids)
+                                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?
+                            ],
+                        )?;
+                    }
                     relevelled = refresh_summaries(&tx, &up)?;
                     report.detached = kept.into_iter().map(|(_, id)| id).collect();
                 }
@@ -2527,6 +2626,114 @@ impl Store {
     /// succeeded yet.
     pub fn erase_marked(&self) -> Result<bool> {
         self.read(erase_marked)
+    }
+
+    /// Records in the database that a forget is about to delete memories, and returns the
+    /// mark's name with the forget lock held shared ([`ForgetLock`]) until it is dropped. [`Self::delete_marked`] adds to the mark the summaries the deletes leave
+    /// to be written again; the forget clears the mark ([`Self::clear_forget_marks`]) once
+    /// it has rewritten them and purged the deleted texts from its embedding cache. A mark
+    /// found at an open tells the opener that a process stopped in the middle of a forget:
+    /// the harness then deletes the summaries it names (their sources stay, and the next
+    /// consolidation summarizes them again) and keeps in its cache only the vectors of texts
+    /// the store still holds. Each call makes its own mark, so one forget does not clear
+    /// another's.
+    pub fn mark_forget(&self) -> Result<PendingForget> {
+        let lock = ForgetLock::open(&self.inner.shared.path)?;
+        let held = match lock.file.lock_shared() {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => false,
+            Err(e) => return Err(e.into()),
+        };
+        let name = format!("{FORGET_MARK}{}", uuid::Uuid::now_v7());
+        let key = name.clone();
+        self.write(move |conn, _| {
+            conn.execute(
+                "INSERT OR REPLACE INTO store_meta (key, value) VALUES (?1, '[]')",
+                [&key],
+            )?;
+            Ok(())
+        })?;
+        Ok(PendingForget {
+            name,
+            _lock: ForgetLock { held, ..lock },
+        })
+    }
+
+    /// Takes the forget lock exclusively, without waiting: `None` while a forget of any
+    /// process is under way (it holds the lock shared from [`Self::mark_forget`] until it
+    /// is dropped). What holds the returned lock may finish the marks it reads
+    /// ([`Self::forget_marks`]): no process is working on them. On a file system without
+    /// advisory locks the lock is granted without being held ([`ForgetLock::held`]).
+    pub fn try_lock_forgets(&self) -> Result<Option<ForgetLock>> {
+        let mut lock = ForgetLock::open(&self.inner.shared.path)?;
+        match lock.file.try_lock() {
+            Ok(()) => lock.held = true,
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(e)) if e.kind() == std::io::ErrorKind::Unsupported => {
+                tracing::warn!(error = %e, "no file locks here: a forget under way in another process is not told from one that stopped");
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+        }
+        Ok(Some(lock))
+    }
+
+    /// The marks of [`Self::mark_forget`] not cleared yet.
+    pub fn forget_marks(&self) -> Result<Vec<ForgetMark>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT key, value FROM store_meta WHERE key >= ?1 AND key < ?2 ORDER BY key",
+            )?;
+            let rows = stmt.query_map([FORGET_MARK, FORGET_MARK_END], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (name, value) = row?;
+                // A value this build cannot read names no summary: the purge still runs.
+                let summaries = serde_json::from_str(&value).unwrap_or_else(|e| {
+                    tracing::warn!(mark = %name, error = %e, "a forget mark's summaries cannot be read");
+                    Vec::new()
+                });
+                out.push(ForgetMark { name, summaries });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Clears marks of [`Self::mark_forget`] (names that are not such marks are ignored).
+    pub fn clear_forget_marks(&self, marks: &[String]) -> Result<()> {
+        let marks: Vec<String> = marks
+            .iter()
+            .filter(|m| m.starts_with(FORGET_MARK))
+            .cloned()
+            .collect();
+        if marks.is_empty() {
+            return Ok(());
+        }
+        self.write(move |conn, _| {
+            let tx = conn.transaction()?;
+            {
+                let mut del = tx.prepare_cached("DELETE FROM store_meta WHERE key = ?1")?;
+                for m in &marks {
+                    del.execute([m])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    /// Calls `f` with the content of every memory the database holds (every kind, thread
+    /// and version, expired ones too), in no particular order, within one read.
+    pub fn for_each_text(&self, mut f: impl FnMut(&str)) -> Result<()> {
+        self.read(|c| {
+            let mut stmt = c.prepare("SELECT content FROM memories")?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                f(&r.get::<_, String>(0)?);
+            }
+            Ok(())
+        })
     }
 
     /// Rebuilds the index from the stored embeddings (drops every tombstone).

@@ -1547,6 +1547,123 @@ fn an_erase_left_by_a_stopped_process_runs_at_the_next_open() {
     c.close().unwrap();
 }
 
+/// A forget's mark names, after its delete, every summary left to be written again (the
+/// one that kept a source and every one above it; not the one deleted for losing its last
+/// source), written in the delete's own transaction; marks are read back and cleared one by
+/// one, and a name that is not a mark is refused without deleting anything. The forget
+/// lock is not free while a forget is under way.
+#[test]
+fn a_forget_mark_names_the_summaries_left_to_rewrite() {
+    let dir = tmp();
+    let path = dir.path().join("f.db");
+    let mut rng = StdRng::seed_from_u64(29);
+    let s = open(&path, 16);
+    let turns: Vec<MemoryId> = (0..5)
+        .map(|i| {
+            s.insert(knowledge(&format!("turn {i}")), random_unit(&mut rng, 16))
+                .unwrap()
+                .id
+        })
+        .collect();
+    let sum = |text: &str, src: Vec<MemoryId>, rng: &mut StdRng| {
+        s.add_summary(NewSummary::new(text, src), random_unit(rng, 16))
+            .unwrap()
+            .id
+    };
+    let kept_one = sum("turns 0 and 1", vec![turns[0], turns[1]], &mut rng);
+    let lost_all = sum("turn 2", vec![turns[2]], &mut rng);
+    let untouched = sum("turns 3 and 4", vec![turns[3], turns[4]], &mut rng);
+    let top = sum("all", vec![kept_one, lost_all], &mut rng);
+    let above_untouched = sum("the rest", vec![untouched], &mut rng);
+
+    assert!(s.forget_marks().unwrap().is_empty());
+    let p1 = s.mark_forget().unwrap();
+    let p2 = s.mark_forget().unwrap();
+    let (m1, m2) = (p1.name.clone(), p2.name.clone());
+    assert_ne!(m1, m2);
+    // While a forget is under way, nobody may finish its mark; once it ends (here it is
+    // dropped, as a killed process's lock goes), the lock is free.
+    assert!(s.try_lock_forgets().unwrap().is_none());
+    drop(p1);
+    assert!(
+        s.try_lock_forgets().unwrap().is_none(),
+        "the second still runs"
+    );
+    drop(p2);
+    let finishing = s.try_lock_forgets().unwrap().unwrap();
+    assert!(finishing.held());
+    drop(finishing);
+    let marks = s.forget_marks().unwrap();
+    assert_eq!(marks.len(), 2);
+    assert!(marks.iter().all(|m| m.summaries.is_empty()));
+
+    let (report, texts) = s.delete_marked(&[turns[0], turns[2]], &m1).unwrap();
+    assert_eq!(
+        report.deleted.iter().copied().collect::<HashSet<_>>(),
+        HashSet::from([turns[0], turns[2], lost_all])
+    );
+    assert_eq!(texts.len(), 3);
+    let marks = s.forget_marks().unwrap();
+    let mine = marks.iter().find(|m| m.name == m1).unwrap();
+    assert_eq!(
+        mine.summaries.iter().copied().collect::<HashSet<_>>(),
+        HashSet::from([kept_one, top])
+    );
+    assert!(!mine.summaries.contains(&untouched) && !mine.summaries.contains(&above_untouched));
+    assert!(marks
+        .iter()
+        .find(|m| m.name == m2)
+        .unwrap()
+        .summaries
+        .is_empty());
+
+    // Not a mark: refused, nothing deleted.
+    assert!(matches!(
+        s.delete_marked(&[turns[1]], "erase_pending"),
+        Err(StoreError::Input(InputError::UnknownName { .. }))
+    ));
+    assert_eq!(s.get(turns[1]).unwrap().id, turns[1]);
+
+    s.clear_forget_marks(&[m1.clone(), "erase_pending".into()])
+        .unwrap();
+    let left: Vec<String> = s
+        .forget_marks()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(left, vec![m2.clone()]);
+    // Marks live in the file: another handle reads them.
+    s.close().unwrap();
+    let again = open(&path, 16);
+    let left: Vec<String> = again
+        .forget_marks()
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(left, vec![m2.clone()]);
+    again.clear_forget_marks(&[m2]).unwrap();
+    assert!(again.forget_marks().unwrap().is_empty());
+    let mut texts = Vec::new();
+    again.for_each_text(|t| texts.push(t.to_owned())).unwrap();
+    texts.sort();
+    let mut want: Vec<String> = [
+        "turn 1",
+        "turn 3",
+        "turn 4",
+        "turns 0 and 1",
+        "turns 3 and 4",
+        "all",
+        "the rest",
+    ]
+    .map(String::from)
+    .to_vec();
+    want.sort();
+    assert_eq!(texts, want);
+    again.close().unwrap();
+}
+
 /// What an interrupted snapshot write left beside the snapshot (a temporary directory, or
 /// the snapshot it was replacing, both holding vectors as they were) goes at the next
 /// snapshot; a directory of another name stays.
