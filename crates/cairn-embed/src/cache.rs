@@ -1,5 +1,6 @@
 //! [`CachedEmbedder`]: embeds each distinct text once per model, in a bounded cache.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -109,6 +110,100 @@ fn evict(conn: &Connection, capacity: usize) -> rusqlite::Result<()> {
         set_meta(conn, "entries", entries - to_i64(gone))?;
     }
     Ok(())
+}
+
+/// Deletes the entries of `keys` under every model, in one transaction; keeps the count.
+fn purge_keys(
+    conn: &mut Connection,
+    keys: impl Iterator<Item = [u8; 32]>,
+) -> rusqlite::Result<usize> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let models = models(&tx)?;
+    let mut gone = 0;
+    {
+        let mut del = tx.prepare_cached(
+            "DELETE FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
+        )?;
+        for k in keys {
+            for m in &models {
+                gone += del.execute(params![m, k])?;
+            }
+        }
+    }
+    let entries = meta(&tx, "entries")?;
+    set_meta(&tx, "entries", (entries - to_i64(gone)).max(0))?;
+    tx.commit()?;
+    Ok(gone)
+}
+
+/// Deletes every entry whose key is not in `keep`, in one transaction; keeps the count.
+fn retain_keys(conn: &mut Connection, keep: &HashSet<[u8; 32]>) -> rusqlite::Result<usize> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let stale: Vec<(String, Vec<u8>)> = {
+        let mut stmt = tx.prepare("SELECT model_id, text_sha256 FROM embedding_cache")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })?;
+        let mut stale = Vec::new();
+        for row in rows {
+            let (model, k) = row?;
+            let kept = <[u8; 32]>::try_from(k.as_slice()).is_ok_and(|k| keep.contains(&k));
+            if !kept {
+                stale.push((model, k));
+            }
+        }
+        stale
+    };
+    let mut gone = 0;
+    {
+        let mut del = tx.prepare_cached(
+            "DELETE FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
+        )?;
+        for (m, k) in &stale {
+            gone += del.execute(params![m, k])?;
+        }
+    }
+    let entries = meta(&tx, "entries")?;
+    set_meta(&tx, "entries", (entries - to_i64(gone)).max(0))?;
+    tx.commit()?;
+    Ok(gone)
+}
+
+/// A connection to the cache table in the SQLite file at `path` for a purge, without an
+/// embedder (a store opened with its cache off still purges what an earlier open cached);
+/// `None` when the file has no cache table.
+fn open_for_purge(path: &Path) -> rusqlite::Result<Option<Connection>> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    conn.pragma_update(None, "secure_delete", "ON")?;
+    let has: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'embedding_cache')
+             AND EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'embedding_cache_meta')",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(has.then_some(conn))
+}
+
+/// [`CachedEmbedder::purge`] on the cache table of the SQLite file at `path`, without
+/// opening a cache (no embedder needed): `Ok(0)` when the file has none.
+pub fn purge_file(path: &Path, texts: &[&str]) -> Result<usize, EmbedError> {
+    if texts.is_empty() {
+        return Ok(0);
+    }
+    match open_for_purge(path).map_err(db_err)? {
+        Some(mut conn) => purge_keys(&mut conn, texts.iter().map(|t| key(t))).map_err(db_err),
+        None => Ok(0),
+    }
+}
+
+/// [`CachedEmbedder::retain_keys`] on the cache table of the SQLite file at `path`, without
+/// opening a cache: `Ok(0)` when the file has none.
+pub fn retain_file(path: &Path, keep: &HashSet<[u8; 32]>) -> Result<usize, EmbedError> {
+    match open_for_purge(path).map_err(db_err)? {
+        Some(mut conn) => retain_keys(&mut conn, keep).map_err(db_err),
+        None => Ok(0),
+    }
 }
 
 impl CachedEmbedder {
@@ -248,28 +343,7 @@ impl CachedEmbedder {
             return Ok(0);
         }
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(db_err)?;
-        let models = models(&tx).map_err(db_err)?;
-        let mut gone = 0;
-        {
-            let mut del = tx
-                .prepare_cached(
-                    "DELETE FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
-                )
-                .map_err(db_err)?;
-            for t in texts {
-                let k = key(t);
-                for m in &models {
-                    gone += del.execute(params![m, k]).map_err(db_err)?;
-                }
-            }
-        }
-        let entries = meta(&tx, "entries").map_err(db_err)?;
-        set_meta(&tx, "entries", (entries - to_i64(gone)).max(0)).map_err(db_err)?;
-        tx.commit().map_err(db_err)?;
-        Ok(gone)
+        purge_keys(&mut conn, texts.iter().map(|t| key(t))).map_err(db_err)
     }
 
     /// Removes every entry whose text's key ([`text_key`]) is not in `keep`, under every
@@ -277,48 +351,9 @@ impl CachedEmbedder {
     /// stopped between deleting memories and purging their texts), given the keys of every
     /// text the store still holds. Vectors of other texts (queries, say) go too; they are
     /// embedded again when next asked for. Returns how many entries went.
-    pub fn retain_keys(
-        &self,
-        keep: &std::collections::HashSet<[u8; 32]>,
-    ) -> Result<usize, EmbedError> {
+    pub fn retain_keys(&self, keep: &HashSet<[u8; 32]>) -> Result<usize, EmbedError> {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(db_err)?;
-        let stale: Vec<(String, Vec<u8>)> = {
-            let mut stmt = tx
-                .prepare("SELECT model_id, text_sha256 FROM embedding_cache")
-                .map_err(db_err)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
-                })
-                .map_err(db_err)?;
-            let mut stale = Vec::new();
-            for row in rows {
-                let (model, k) = row.map_err(db_err)?;
-                let kept = <[u8; 32]>::try_from(k.as_slice()).is_ok_and(|k| keep.contains(&k));
-                if !kept {
-                    stale.push((model, k));
-                }
-            }
-            stale
-        };
-        let mut gone = 0;
-        {
-            let mut del = tx
-                .prepare_cached(
-                    "DELETE FROM embedding_cache WHERE model_id = ?1 AND text_sha256 = ?2",
-                )
-                .map_err(db_err)?;
-            for (m, k) in &stale {
-                gone += del.execute(params![m, k]).map_err(db_err)?;
-            }
-        }
-        let entries = meta(&tx, "entries").map_err(db_err)?;
-        set_meta(&tx, "entries", (entries - to_i64(gone)).max(0)).map_err(db_err)?;
-        tx.commit().map_err(db_err)?;
-        Ok(gone)
+        retain_keys(&mut conn, keep).map_err(db_err)
     }
 
     /// Removes every entry of a model other than the wrapped one (a store holds the vectors

@@ -26,7 +26,9 @@ mod fast;
 mod hash;
 pub mod provision;
 
-pub use cache::{text_key, CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY};
+pub use cache::{
+    purge_file, retain_file, text_key, CacheStats, CachedEmbedder, DEFAULT_CACHE_CAPACITY,
+};
 pub use fast::{FastEmbedder, FastEmbedderBuilder, MINILM_DIM, MINILM_MAX_TOKENS, MINILM_MODEL_ID};
 #[cfg(feature = "testing")]
 pub use hash::HashEmbedder;

@@ -184,3 +184,37 @@ fn purge_and_drop_reach_every_model() {
     assert!(c.models().unwrap().is_empty());
     assert_eq!(c.drop_other_models().unwrap(), 0);
 }
+
+/// `retain_keys` keeps the entries of the texts it is given, under every model, drops the
+/// rest, and keeps the count the bound uses.
+#[test]
+fn retain_keeps_only_the_given_texts() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("c.db");
+    let old = CachedEmbedder::open_with_capacity(Arc::new(Counting::default()), &db, 10).unwrap();
+    old.embed(&["kept", "gone", "query"]).unwrap();
+    drop(old);
+    let new = CachedEmbedder::open_with_capacity(Arc::new(Renamed::default()), &db, 10).unwrap();
+    new.embed(&["kept", "gone", "also kept"]).unwrap();
+    assert_eq!(new.len().unwrap(), 6);
+    let keep: std::collections::HashSet<[u8; 32]> = ["kept", "also kept", "never cached"]
+        .into_iter()
+        .map(cairn_embed::text_key)
+        .collect();
+    assert_eq!(new.retain_keys(&keep).unwrap(), 3);
+    assert_eq!(new.len().unwrap(), 3);
+    assert!(new.contains("kept").unwrap() && new.contains("also kept").unwrap());
+    assert!(!new.contains("gone").unwrap());
+    let old = CachedEmbedder::open_with_capacity(Arc::new(Counting::default()), &db, 10).unwrap();
+    assert!(old.contains("kept").unwrap());
+    assert!(!old.contains("gone").unwrap() && !old.contains("query").unwrap());
+    drop(old);
+    // Nothing else to drop: a second pass removes nothing.
+    assert_eq!(new.retain_keys(&keep).unwrap(), 0);
+    // The count follows: seven more fit without evicting the kept ones.
+    let more: Vec<String> = (0..7).map(|i| format!("more {i}")).collect();
+    let refs: Vec<&str> = more.iter().map(String::as_str).collect();
+    new.embed(&refs).unwrap();
+    assert_eq!(new.len().unwrap(), 10);
+    assert!(new.contains("kept").unwrap() && new.contains("also kept").unwrap());
+}

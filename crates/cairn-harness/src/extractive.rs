@@ -197,6 +197,33 @@ fn who(item: &SummaryItem) -> String {
         .unwrap_or_else(|| item.kind.as_str().to_owned())
 }
 
+/// Every text the extractive summarizer may embed (through the harness's embedding cache)
+/// for a memory whose content is `content`, from the content alone: the content itself,
+/// its sentences with and without a leading `who:` (whoever the speaker is), and, read as a
+/// summary, the sentence of each of its lines. A forget purges these from the cache; an
+/// open that finishes a forget keeps these of every memory left. A superset of what is
+/// embedded (a speaker name holding a colon past the third is not stripped).
+pub(crate) fn derived_texts(content: &str) -> Vec<String> {
+    let mut out = vec![content.to_owned()];
+    out.extend(sentences(content.trim_start()));
+    for (i, _) in content.match_indices(':').take(3) {
+        out.extend(sentences(content[i + 1..].trim_start()));
+    }
+    for line in content.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.starts_with(TOPICS) {
+            continue;
+        }
+        if let Some((_, _, body)) = parse_line(line) {
+            if !body.is_empty() {
+                out.push(body);
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// `content` without a leading `who: ` (imports write the speaker into the text too).
 pub(crate) fn strip_speaker<'a>(content: &'a str, who: &str) -> &'a str {
     let c = content.trim_start();

@@ -70,8 +70,8 @@ pub struct ForgetReport {
     /// process was reading an older snapshot of a SQLite store (its log is truncated by a
     /// later forget or checkpoint), or when the embedding cache could not be purged or the
     /// files could not be scrubbed (logged; the memories are forgotten all the same; the
-    /// next open of a SQLite store purges the cache and runs the erase again). `true` when there was nothing to
-    /// forget, on every backend.
+    /// next open of a SQLite store purges the cache and runs the erase again). `true` when
+    /// there was nothing to forget, on every backend.
     #[serde(default)]
     pub erased: bool,
 }
@@ -173,17 +173,18 @@ impl MemoryHarness {
     /// (one transaction), every summary built on them is written again from the sources it
     /// keeps, level by level up the tree (or deleted when none remain, or when the
     /// summarizer fails), and the embedding cache drops the texts of everything deleted or
-    /// rewritten. No search, context, expansion or summary text returns a forgotten memory
+    /// rewritten (and the sentences and lines of them the extractive summarizer embedded). No search, context, expansion or summary text returns a forgotten memory
     /// afterwards, and the store's files are scrubbed of it
     /// ([`cairn_store::MemoryBackend::erase_deleted`]; [`ForgetReport::erased`] says
     /// whether that was done whole).
     ///
     /// On a SQLite store a forget that does not finish (its process is killed, or it stops
     /// on an error after its deletes) is finished by the next open of the store: the
-    /// summaries it was to write again are deleted instead (their sources stay and are
-    /// summarized again by the next consolidation), the embedding cache keeps only the
-    /// vectors of texts the store still holds, and the files are erased
-    /// ([`cairn_store::Store::mark_forget`]).
+    /// summaries it had not written again yet are deleted instead, with what was built on
+    /// them since (their sources stay and are summarized again by the next
+    /// consolidation), the embedding cache keeps only the vectors of texts the store still
+    /// holds, and the files are erased ([`cairn_store::Store::mark_forget`]). An open
+    /// while another forget is under way leaves this to a later open.
     ///
     /// An unknown id in [`Forget::Ids`] is `NotFound` and forgets nothing.
     pub async fn forget(&self, what: Forget) -> Result<ForgetReport> {
@@ -224,7 +225,16 @@ impl MemoryHarness {
             let mark = forget_mark.as_ref().map(|m| m.name.clone());
             let (deleted, detached, texts) = blocking(move || -> Result<_> {
                 let (r, texts) = match (&inner.sqlite, &mark) {
-                    (Some(store), Some(mark)) => store.delete_marked(&ids, mark)?,
+                    (Some(store), Some(mark)) => match store.delete_marked(&ids, mark) {
+                        Ok(done) => done,
+                        // Nothing was deleted (an unknown id, say): nothing to finish.
+                        Err(e) => {
+                            if let Err(c) = store.clear_forget_marks(std::slice::from_ref(mark)) {
+                                tracing::warn!(error = %c, "a forget mark stays: the next open purges the embedding cache");
+                            }
+                            return Err(e.into());
+                        }
+                    },
                     _ => inner
                         .store
                         .delete_many_with_texts(&ids, DeletePolicy::Detach)?,
@@ -261,7 +271,8 @@ impl MemoryHarness {
                 let old = match self.get(id).await {
                     Ok(m) => m,
                     // Deleted meanwhile (a summary above a dropped one that lost its last
-                    // source).
+                    // source; an open that finished this forget). An open finishing it
+                    // finds it gone too.
                     Err(crate::HarnessError::NotFound { .. }) => continue,
                     Err(e) => return Err(e),
                 };
@@ -284,21 +295,39 @@ impl MemoryHarness {
                     }
                 }
                 purge.push(old.content);
+                // Done with: an open finishing this forget leaves it alone.
+                if let (Some(store), Some(mark)) = (&self.inner.sqlite, &forget_mark) {
+                    let (store, mark) = (store.clone(), mark.name.clone());
+                    blocking(move || store.unlist_forget_summary(&mark, id)).await??;
+                }
             }
-            if let Some(cache) = &self.inner.cache {
-                let cache = cache.clone();
-                purged = blocking(move || {
-                    let refs: Vec<&str> = purge.iter().map(String::as_str).collect();
-                    match cache.purge(&refs) {
-                        Ok(_) => true,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "forgotten texts stay in the embedding cache until the next open");
-                            false
-                        }
+            // The cache holds the vectors of what the extractive summarizer embedded too
+            // (sentences, a summary's lines), keyed by those texts.
+            let purge: Vec<String> = purge
+                .iter()
+                .flat_map(|t| crate::extractive::derived_texts(t))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let cache = self.inner.cache.clone();
+            let file = self.inner.sqlite.as_ref().map(|s| s.path().to_owned());
+            purged = blocking(move || {
+                let refs: Vec<&str> = purge.iter().map(String::as_str).collect();
+                let done = match (cache, file) {
+                    (Some(cache), _) => cache.purge(&refs),
+                    // The cache is off in this handle, but an earlier one may have filled it.
+                    (None, Some(file)) => cairn_embed::purge_file(&file, &refs),
+                    (None, None) => Ok(0),
+                };
+                match done {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "forgotten texts stay in the embedding cache until the next open");
+                        false
                     }
-                })
-                .await?;
-            }
+                }
+            })
+            .await?;
             // Done but for the erase, which has its own mark. A mark left behind (a purge
             // that failed) has the next open purge the cache.
             if let (Some(store), Some(mark), true) = (&self.inner.sqlite, forget_mark, purged) {

@@ -457,7 +457,7 @@ impl HarnessBuilder {
             let c = Arc::new(
                 blocking(move || {
                     let c = CachedEmbedder::open_with_capacity(inner, path, cache_capacity)?;
-                    finish_forgets(&store, Some(&c));
+                    finish_forgets(&store);
                     // Vectors of a model the store was on before a re-embedding: no call
                     // reads them again.
                     match c.drop_other_models() {
@@ -477,7 +477,7 @@ impl HarnessBuilder {
             (c.clone() as Arc<dyn Embedder>, Some(c))
         } else {
             if let Some(store) = sqlite.clone() {
-                blocking(move || finish_forgets(&store, None)).await?;
+                blocking(move || finish_forgets(&store)).await?;
             }
             (base, None)
         };
@@ -504,20 +504,19 @@ impl HarnessBuilder {
 }
 
 /// Finishes what forgets that did not live to the end left (see [`Store::mark_forget`]):
-/// the summaries they were to write again are deleted (their sources stay; the next
-/// consolidation summarizes them again), the embedding cache (when `cache` is given) keeps
-/// only the vectors of texts the store still holds, since the texts those forgets were to
-/// purge are not known any more, and the store is erased again so that its log and free
-/// pages keep none of it. Nothing is done while a forget of another process is under way
-/// (it holds the forget lock: its mark may not be left behind at all). A failure is logged
-/// and the marks stay for the next open. A harness opened with its cache off leaves the
-/// cache's table as it is.
-fn finish_forgets(store: &Store, cache: Option<&CachedEmbedder>) {
-    // Marks of forgets under way in other processes are theirs to clear.
+/// the summaries they were to write again and had not are deleted, with every summary
+/// built on them since (their sources stay; the next consolidation summarizes them
+/// again), the embedding cache keeps only the vectors of texts the store's memories may
+/// have had embedded (the texts those forgets were to purge are not known any more; query
+/// vectors go too), whether or not this handle has its cache on, and the store is erased
+/// again so that its log and free pages keep none of it. Nothing is done while any forget
+/// is under way (it holds the forget lock, in this process or another: its mark may not
+/// be left behind at all). A failure is logged and the marks stay for the next open.
+fn finish_forgets(store: &Store) {
     let _lock = match store.try_lock_forgets() {
         Ok(Some(l)) => l,
         Ok(None) => {
-            tracing::info!("a forget is under way in another process; what earlier ones left waits for the next open");
+            tracing::info!("a forget is under way; what earlier ones left waits for the next open");
             return;
         }
         Err(e) => {
@@ -542,28 +541,28 @@ fn finish_forgets(store: &Store, cache: Option<&CachedEmbedder>) {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
+        // The erase mark first: should this not finish, the next open erases too.
+        store.mark_for_erase().map_err(|e| e.to_string())?;
         let deleted = if doomed.is_empty() {
             0
         } else {
-            // The erase mark first: should this not finish, the next open erases too.
-            store.mark_for_erase().map_err(|e| e.to_string())?;
             store
-                .delete_many(&doomed, DeletePolicy::Detach)
+                .delete_many(&doomed, DeletePolicy::Cascade)
                 .map_err(|e| e.to_string())?
                 .deleted
                 .len()
         };
-        let mut purged = 0;
-        if let Some(cache) = cache {
-            let mut keep = std::collections::HashSet::new();
-            store
-                .for_each_text(|t| {
-                    keep.insert(cairn_embed::text_key(t));
-                })
-                .map_err(|e| e.to_string())?;
-            purged = cache.retain_keys(&keep).map_err(|e| e.to_string())?;
-        }
-        store.mark_for_erase().map_err(|e| e.to_string())?;
+        let mut keep = std::collections::HashSet::new();
+        store
+            .for_each_text(|t| {
+                keep.extend(
+                    crate::extractive::derived_texts(t)
+                        .iter()
+                        .map(|d| cairn_embed::text_key(d)),
+                );
+            })
+            .map_err(|e| e.to_string())?;
+        let purged = cairn_embed::retain_file(store.path(), &keep).map_err(|e| e.to_string())?;
         let names: Vec<String> = marks.iter().map(|m| m.name.clone()).collect();
         store
             .clear_forget_marks(&names)

@@ -599,10 +599,23 @@ async fn an_unfinished_erase_is_finished_by_the_next_open() {
     assert_eq!(mem.get(ids[1]).await.unwrap().id, ids[1]);
 }
 
-/// A summarizer that never answers once the forget under test calls it, and says so: the
-/// forget stops there, after its deletes, as if its process had been killed.
+/// A summarizer that lets `pass` calls through (to the extractive one) and then never
+/// answers, and says so: the forget stops there, after its deletes, as if its process had
+/// been killed.
 struct Stuck {
     entered: tokio::sync::Notify,
+    pass: std::sync::atomic::AtomicUsize,
+    inner: cairn_harness::ExtractiveSummarizer,
+}
+
+impl Stuck {
+    fn new(model: Arc<dyn Embedder>, pass: usize) -> Arc<Self> {
+        Arc::new(Stuck {
+            entered: tokio::sync::Notify::new(),
+            pass: pass.into(),
+            inner: cairn_harness::ExtractiveSummarizer::new(model),
+        })
+    }
 }
 
 #[async_trait::async_trait]
@@ -612,53 +625,71 @@ impl cairn_core::Summarizer for Stuck {
     }
     async fn summarize(
         &self,
-        _: &cairn_core::SummaryRequest,
+        r: &cairn_core::SummaryRequest,
     ) -> Result<String, cairn_core::SummarizeError> {
+        use std::sync::atomic::Ordering;
+        if self
+            .pass
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return self.inner.summarize(r).await;
+        }
         self.entered.notify_one();
         std::future::pending().await
     }
 }
 
-/// A forget cut short after its deletes (the task is dropped while the summarizer is
-/// writing the first summary again: nothing after that point runs, as when the process is
-/// killed) left the summaries quoting the forgotten turn and the turn's vector in the
-/// embedding cache. The next open finishes it: those summaries are deleted (their other
-/// sources stay), the cache keeps only the store's texts, no file holds the forgotten words
-/// or vector, and no mark is left. An open while the forget is still under way leaves it
-/// alone. A forget that finishes leaves no mark either.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forget_cut_short_is_finished_by_the_next_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = hash();
-    let stuck = Arc::new(Stuck {
-        entered: tokio::sync::Notify::new(),
-    });
-    let build = |s: Option<Arc<Stuck>>| {
-        let mut b = MemoryHarness::builder(dir.path().join("e.db"))
-            .embedder(model.clone())
-            .clock(Arc::new(ManualClock::new(now())));
-        if let Some(s) = s {
-            b = b.summarizer(s);
-        }
-        b.build()
-    };
-    let mem = build(Some(stuck.clone())).await.unwrap();
+/// The `forget:` marks in the store file at `db`, with the summaries each names.
+fn forget_marks(db: &std::path::Path) -> Vec<(String, HashSet<MemoryId>)> {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let mut stmt = c
+        .prepare("SELECT key, value FROM store_meta WHERE key LIKE 'forget:%'")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .unwrap()
+        .map(|r| {
+            let (k, v) = r.unwrap();
+            (
+                k,
+                serde_json::from_str::<Vec<MemoryId>>(&v)
+                    .unwrap()
+                    .into_iter()
+                    .collect(),
+            )
+        })
+        .collect();
+    rows
+}
+
+/// Four turns under two summaries, and one summary above both, all quoting the first
+/// turn's secret ("plorvanite") where they cover it.
+struct Quoted {
+    turns: Vec<MemoryId>,
+    s1: MemoryId,
+    s1b: MemoryId,
+    s2: MemoryId,
+}
+
+const QUOTED_LINES: [&str; 4] = [
+    "The spare key is under the blue plorvanite pot.",
+    "The plumber comes on Tuesday.",
+    "Dinner with Ana on Friday.",
+    "The car needs new tyres.",
+];
+const QUOTING: &str = "Key under the plorvanite pot; plumber on Tuesday.";
+
+async fn quoted(mem: &MemoryHarness) -> Quoted {
     let thread = cairn_core::ThreadId::new("k").unwrap();
-    let lines = [
-        "The spare key is under the blue plorvanite pot.",
-        "The plumber comes on Tuesday.",
-        "Dinner with Ana on Friday.",
-        "The car needs new tyres.",
-    ];
     let mut turns = Vec::new();
-    for (i, l) in lines.iter().enumerate() {
+    for (i, l) in QUOTED_LINES.iter().enumerate() {
         let m = NewMemory::conversational(thread.clone(), Role::User, *l)
             .at(now() - Duration::minutes(10 - i as i64));
         turns.push(mem.add(m).await.unwrap());
     }
-    let quoting = "Key under the plorvanite pot; plumber on Tuesday.";
     let s1 = mem
-        .add_summary(quoting, &turns[..2], Some("k"))
+        .add_summary(QUOTING, &turns[..2], Some("k"))
         .await
         .unwrap();
     let s1b = mem
@@ -673,42 +704,66 @@ async fn a_forget_cut_short_is_finished_by_the_next_open() {
         )
         .await
         .unwrap();
-    let cache = mem.embedding_cache().unwrap().clone();
-    let db = dir.path().join("e.db");
-    let marks = |db: &std::path::Path| -> Vec<(String, String)> {
-        let c = rusqlite::Connection::open(db).unwrap();
-        let mut stmt = c
-            .prepare("SELECT key, value FROM store_meta WHERE key LIKE 'forget:%'")
-            .unwrap();
-        let rows = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        rows
+    Quoted { turns, s1, s1b, s2 }
+}
+
+/// A forget cut short after its deletes (the task is dropped while the summarizer is
+/// writing the first summary again: nothing after that point runs, as when the process is
+/// killed) left the summaries quoting the forgotten turn and the turn's vector in the
+/// embedding cache. The next open, with its own cache off, finishes it: those summaries are
+/// deleted (their other sources stay), the cache table keeps only the store's texts, no
+/// file holds the forgotten words or vector, and no mark is left. An open while the forget
+/// is still under way leaves it alone. A forget that finishes leaves no mark, and one that
+/// deletes nothing (an unknown id) neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_cut_short_is_finished_by_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = hash();
+    let stuck = Stuck::new(model.clone(), 0);
+    let build = |s: Option<Arc<Stuck>>, cache: bool| {
+        let mut b = MemoryHarness::builder(dir.path().join("e.db"))
+            .embedder(model.clone())
+            .embedding_cache(cache)
+            .clock(Arc::new(ManualClock::new(now())));
+        if let Some(s) = s {
+            b = b.summarizer(s);
+        }
+        b.build()
     };
+    let mem = build(Some(stuck.clone()), true).await.unwrap();
+    let db = dir.path().join("e.db");
+    let Quoted { turns, s1, s1b, s2 } = quoted(&mem).await;
+    let cache = mem.embedding_cache().unwrap().clone();
     // A forget that finishes (of a turn under no summary) leaves no mark.
+    let thread = cairn_core::ThreadId::new("k").unwrap();
     let lone = NewMemory::conversational(thread.clone(), Role::User, "I lost my umbrella.")
         .at(now() - Duration::minutes(1));
     let lone = mem.add(lone).await.unwrap();
     let report = mem.forget(Forget::Ids(vec![lone])).await.unwrap();
     assert_eq!(report.deleted, vec![lone]);
     assert!(report.erased);
-    assert!(marks(&db).is_empty());
+    assert!(forget_marks(&db).is_empty());
     assert!(!cache.contains("I lost my umbrella.").unwrap());
+    // Nor does one that deletes nothing.
+    let unknown = MemoryId::new();
+    assert!(matches!(
+        mem.forget(Forget::Ids(vec![turns[1], unknown])).await,
+        Err(HarnessError::NotFound { .. })
+    ));
+    assert!(forget_marks(&db).is_empty());
+    assert_eq!(mem.get(turns[1]).await.unwrap().id, turns[1]);
 
-    let vector = leading_bytes(model.as_ref(), lines[0]);
-    assert!(cache.contains(lines[0]).unwrap());
-    assert!(cache.contains(quoting).unwrap());
-
+    let vector = leading_bytes(model.as_ref(), QUOTED_LINES[0]);
+    assert!(cache.contains(QUOTED_LINES[0]).unwrap());
+    assert!(cache.contains(QUOTING).unwrap());
     let cut = {
         let (mem, secret) = (mem.clone(), turns[0]);
         tokio::spawn(async move { mem.forget(Forget::Ids(vec![secret])).await })
     };
     stuck.entered.notified().await;
     // While it is under way, another open leaves its mark and summaries alone.
-    let other = build(None).await.unwrap();
-    assert_eq!(marks(&db).len(), 1);
+    let other = build(None, true).await.unwrap();
+    assert_eq!(forget_marks(&db).len(), 1);
     assert!(other.get(s1).await.unwrap().content.contains("plorvanite"));
     other.close().await.unwrap();
     cut.abort();
@@ -720,19 +775,15 @@ async fn a_forget_cut_short_is_finished_by_the_next_open() {
         Err(HarnessError::NotFound { .. })
     ));
     assert!(mem.get(s1).await.unwrap().content.contains("plorvanite"));
-    assert!(cache.contains(lines[0]).unwrap());
-    let left = marks(&db);
+    assert!(cache.contains(QUOTED_LINES[0]).unwrap());
+    let left = forget_marks(&db);
     assert_eq!(left.len(), 1);
-    let named: HashSet<MemoryId> = serde_json::from_str::<Vec<MemoryId>>(&left[0].1)
-        .unwrap()
-        .into_iter()
-        .collect();
-    assert_eq!(named, HashSet::from([s1, s2]));
+    assert_eq!(left[0].1, HashSet::from([s1, s2]));
     drop(cache);
     mem.close().await.unwrap();
 
-    let mem = build(None).await.unwrap();
-    assert!(marks(&db).is_empty());
+    let mem = build(None, false).await.unwrap();
+    assert!(forget_marks(&db).is_empty());
     for s in [s1, s2] {
         assert!(matches!(
             mem.get(s).await,
@@ -740,15 +791,141 @@ async fn a_forget_cut_short_is_finished_by_the_next_open() {
         ));
     }
     // What the forget did not touch stays: the other sources, the summary of the others.
-    assert_eq!(mem.get(turns[1]).await.unwrap().content, lines[1]);
+    assert_eq!(mem.get(turns[1]).await.unwrap().content, QUOTED_LINES[1]);
     assert_eq!(mem.get(s1b).await.unwrap().id, s1b);
-    let cache = mem.embedding_cache().unwrap().clone();
-    assert!(!cache.contains(lines[0]).unwrap());
-    assert!(!cache.contains(quoting).unwrap());
-    assert!(cache.contains(lines[1]).unwrap());
-    for n in [&b"plorvanite"[..], lines[0].as_bytes(), &vector] {
+    for n in [&b"plorvanite"[..], QUOTED_LINES[0].as_bytes(), &vector] {
         assert!(holding(dir.path(), n).is_empty(), "after the open: {n:?}");
     }
+    mem.close().await.unwrap();
+    // The cache table, read by a harness with the cache on: the store's texts only.
+    let mem = build(None, true).await.unwrap();
+    let cache = mem.embedding_cache().unwrap().clone();
+    assert!(!cache.contains(QUOTED_LINES[0]).unwrap());
+    assert!(!cache.contains(QUOTING).unwrap());
+    assert!(cache.contains(QUOTED_LINES[1]).unwrap());
+    drop(cache);
+    mem.close().await.unwrap();
+}
+
+/// A forget stopped after it had written one summary again (the lower one) and while it
+/// wrote the next: the next open deletes only the one left, not the one already written
+/// again without the forgotten words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_keeps_what_a_cut_forget_had_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = hash();
+    let stuck = Stuck::new(model.clone(), 1);
+    let mem = MemoryHarness::builder(dir.path().join("e.db"))
+        .embedder(model.clone())
+        .summarizer(stuck.clone())
+        .clock(Arc::new(ManualClock::new(now())))
+        .build()
+        .await
+        .unwrap();
+    let db = dir.path().join("e.db");
+    let Quoted { turns, s1, s1b, s2 } = quoted(&mem).await;
+    let cut = {
+        let (mem, secret) = (mem.clone(), turns[0]);
+        tokio::spawn(async move { mem.forget(Forget::Ids(vec![secret])).await })
+    };
+    stuck.entered.notified().await;
+    cut.abort();
+    assert!(cut.await.unwrap_err().is_cancelled());
+    let rewritten = mem.get(s1).await.unwrap();
+    assert!(
+        !rewritten.content.contains("plorvanite"),
+        "{}",
+        rewritten.content
+    );
+    assert_eq!(forget_marks(&db)[0].1, HashSet::from([s2]));
+    mem.close().await.unwrap();
+
+    let mem = open(&dir, model).await;
+    assert!(forget_marks(&db).is_empty());
+    assert_eq!(mem.get(s1).await.unwrap().content, rewritten.content);
+    assert_eq!(mem.get(s1b).await.unwrap().id, s1b);
+    assert!(matches!(
+        mem.get(s2).await,
+        Err(HarnessError::NotFound { .. })
+    ));
+    assert!(holding(dir.path(), b"plorvanite").is_empty());
+    mem.close().await.unwrap();
+}
+
+/// The extractive summarizer embeds the sentences of what it summarizes through the
+/// embedding cache; a forget purges those too: after consolidating turns of several
+/// sentences and forgetting one, no sentence of it is in the cache or in any file (its
+/// vector), while the sentences of the turns kept still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forget_purges_the_sentences_the_summarizer_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = hash();
+    let mem = open(&dir, model.clone()).await;
+    let thread = cairn_core::ThreadId::new("s").unwrap();
+    let lines = [
+        "Ana: I moved to Lisbon in March. My new flat overlooks the river. The rent is fine.",
+        "Ben: My password hint is the name of my first dog. It was called Quibbleton. Do not tell anyone.",
+        "Ana: We should hike the coast trail in June. I will bring the big tent. Bring snacks.",
+        "Ben: The garage door sticks when it rains. I keep meaning to oil it. Maybe this weekend.",
+    ];
+    let mut ids = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let mut m = NewMemory::conversational(thread.clone(), Role::User, *l)
+            .at(now() - Duration::hours(5) + Duration::minutes(i as i64));
+        m.metadata
+            .insert("speaker".into(), json!(l.split(':').next().unwrap()));
+        ids.push(mem.add(m).await.unwrap());
+    }
+    let r = mem
+        .consolidate(
+            cairn_harness::ConsolidationPolicy::older_than(std::time::Duration::ZERO)
+                .max_age(std::time::Duration::ZERO)
+                .max_level(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.summaries.len(), 1);
+    let cache = mem.embedding_cache().unwrap().clone();
+    let secret = [
+        "It was called Quibbleton.",
+        "My password hint is the name of my first dog.",
+    ];
+    for t in secret {
+        assert!(cache.contains(t).unwrap(), "the summarizer embedded {t:?}");
+    }
+    let kept = "I will bring the big tent.";
+    assert!(cache.contains(kept).unwrap());
+    // Whole vectors: the hashing model's leading floats are mostly zeros, too common a
+    // pattern to look for.
+    let vectors: Vec<Vec<u8>> = secret
+        .iter()
+        .map(|t| {
+            model.embed(&[*t]).unwrap()[0]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect()
+        })
+        .collect();
+    for v in &vectors {
+        assert!(
+            !holding(dir.path(), v).is_empty(),
+            "the scan finds the vector before"
+        );
+    }
+    let report = mem.forget(Forget::Ids(vec![ids[1]])).await.unwrap();
+    assert!(report.erased);
+    for t in secret {
+        assert!(!cache.contains(t).unwrap(), "{t:?}");
+    }
+    assert!(
+        cache.contains(kept).unwrap(),
+        "the turns kept keep their sentences"
+    );
+    for v in &vectors {
+        assert!(holding(dir.path(), v).is_empty());
+    }
+    assert!(holding(dir.path(), b"Quibbleton").is_empty());
+    drop(cache);
     mem.close().await.unwrap();
 }
 

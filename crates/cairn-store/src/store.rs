@@ -500,6 +500,8 @@ pub struct ForgetLock {
 
 impl ForgetLock {
     fn open(db: &Path) -> Result<Self> {
+        // One lock file whatever path (a link, a relative one) the store was opened by.
+        let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_owned());
         let mut path = db.as_os_str().to_owned();
         path.push(".forget.lock");
         let file = std::fs::OpenOptions::new()
@@ -2641,8 +2643,12 @@ impl Store {
         let lock = ForgetLock::open(&self.inner.shared.path)?;
         let held = match lock.file.lock_shared() {
             Ok(()) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => false,
-            Err(e) => return Err(e.into()),
+            // No lock to be had (a file system without advisory locks, or without a lock
+            // daemon): the forget goes on, and an open may take its mark for a stopped one.
+            Err(e) => {
+                tracing::warn!(error = %e, "no forget lock: an open in another process may finish this forget's mark while it runs");
+                false
+            }
         };
         let name = format!("{FORGET_MARK}{}", uuid::Uuid::now_v7());
         let key = name.clone();
@@ -2675,6 +2681,22 @@ impl Store {
             Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
         }
         Ok(Some(lock))
+    }
+
+    /// Takes `summary` off the list of `mark` (it has been written again, or deleted): an
+    /// open that finishes the mark leaves it alone.
+    pub fn unlist_forget_summary(&self, mark: &str, summary: MemoryId) -> Result<()> {
+        let (mark, id) = (mark.to_owned(), summary.to_string());
+        self.write(move |conn, _| {
+            conn.execute(
+                "UPDATE store_meta SET value = (
+                     SELECT COALESCE(json_group_array(j.value), '[]') FROM json_each(store_meta.value) j
+                     WHERE j.value <> ?2)
+                 WHERE key = ?1",
+                params![mark, id],
+            )?;
+            Ok(())
+        })
     }
 
     /// The marks of [`Self::mark_forget`] not cleared yet.

@@ -1616,6 +1616,18 @@ fn a_forget_mark_names_the_summaries_left_to_rewrite() {
         .unwrap()
         .summaries
         .is_empty());
+    // A summary written again comes off its mark's list; the other marks are untouched.
+    s.unlist_forget_summary(&m1, top).unwrap();
+    s.unlist_forget_summary(&m1, untouched).unwrap();
+    let marks = s.forget_marks().unwrap();
+    assert_eq!(
+        marks.iter().find(|m| m.name == m1).unwrap().summaries,
+        vec![kept_one]
+    );
+    s.unlist_forget_summary(&m1, kept_one).unwrap();
+    let marks = s.forget_marks().unwrap();
+    assert!(marks.iter().all(|m| m.summaries.is_empty()));
+    assert_eq!(marks.len(), 2);
 
     // Not a mark: refused, nothing deleted.
     assert!(matches!(
