@@ -947,11 +947,14 @@ impl MemoryHarness {
             };
             let report = inner.store.delete(id, policy)?;
             if let Some(cache) = &inner.cache {
-                let gone: Vec<&str> = report
+                // With the sentences and lines the extractive summarizer embedded.
+                let gone: Vec<String> = report
                     .deleted
                     .iter()
-                    .filter_map(|d| texts.get(d).map(String::as_str))
+                    .filter_map(|d| texts.get(d))
+                    .flat_map(|t| crate::extractive::derived_texts(t))
                     .collect();
+                let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
                 // The delete is committed; a cache that cannot be written is reported in
                 // the log rather than turning a done delete into an error.
                 if let Err(e) = cache.purge(&gone) {
