@@ -478,6 +478,25 @@ impl Embedder for CachedEmbedder {
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_storing(texts, true)
+    }
+}
+
+impl CachedEmbedder {
+    /// Embeds `texts` from the cache where it holds them and with the model where it does
+    /// not, without storing anything (no new entry, no stamp refreshed): for texts that are
+    /// not memories (the sentences a summarizer weighs), which a cache purged by memory
+    /// would otherwise keep after the memories are forgotten.
+    pub fn embed_unstored(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_storing(texts, false)
+    }
+
+    /// An embedder that answers through [`Self::embed_unstored`].
+    pub fn unstored(self: &Arc<Self>) -> Arc<dyn Embedder> {
+        Arc::new(Unstored(Arc::clone(self)))
+    }
+
+    fn embed_storing(&self, texts: &[&str], keep: bool) -> Result<Vec<Vec<f32>>, EmbedError> {
         let model = self.inner.model_id().to_owned();
         let dim = self.inner.dim();
         let mut out: Vec<Option<Vec<f32>>> = vec![None; texts.len()];
@@ -532,7 +551,7 @@ impl Embedder for CachedEmbedder {
         } else {
             self.inner.embed_checked(&unique)?
         };
-        if !fresh.is_empty() || !touch.is_empty() {
+        if keep && (!fresh.is_empty() || !touch.is_empty()) {
             let pairs: Vec<(&str, &[f32])> = unique
                 .iter()
                 .copied()
@@ -550,5 +569,22 @@ impl Embedder for CachedEmbedder {
         out.into_iter()
             .map(|v| v.ok_or_else(|| EmbedError::Inference("cache lost a vector".into())))
             .collect()
+    }
+}
+
+/// [`CachedEmbedder::unstored`]'s embedder.
+struct Unstored(Arc<CachedEmbedder>);
+
+impl Embedder for Unstored {
+    fn model_id(&self) -> &str {
+        self.0.model_id()
+    }
+
+    fn dim(&self) -> usize {
+        self.0.dim()
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.0.embed_unstored(texts)
     }
 }

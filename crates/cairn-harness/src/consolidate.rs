@@ -817,9 +817,15 @@ impl MemoryHarness {
         metadata.insert("keywords".into(), keywords.into());
         let source_ids: Vec<MemoryId> = sources.iter().map(|m| m.id).collect();
         let inner = self.inner.clone();
+        let old = unit.content.clone();
         blocking(move || -> Result<MemoryUnit> {
             let v = blended_vector(&inner, &text, &source_ids)?;
-            Ok(inner.store.refresh_summary(id, text, Some(metadata), v)?)
+            let unit = inner.store.refresh_summary(id, text, Some(metadata), v)?;
+            // The text replaced (which may quote a source forgotten since) leaves the cache.
+            if old != unit.content {
+                crate::harness::purge_cached(&inner, &[old]);
+            }
+            Ok(unit)
         })
         .await?
     }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use cairn_core::{MemoryId, MemoryUnit, Metadata, NewMemory, ThreadId};
-use cairn_store::{Cursor, DeletePolicy, Filter, Page, StoreError};
+use cairn_store::{Cursor, DeletePolicy, Filter, Page, PendingForget, StoreError};
 
 use crate::harness::blocking;
 use crate::{MemoryHarness, Result};
@@ -65,7 +65,8 @@ pub struct ForgetReport {
     pub dropped: Vec<MemoryId>,
     /// Whether the store's files were scrubbed too (see
     /// [`cairn_store::Store::erase_deleted`]): no byte of what was forgotten is left in the
-    /// database, its log, its index snapshot or the embedding cache. `false` on PostgreSQL
+    /// database, its log, its index snapshot or the embedding cache (whose vectors of
+    /// queries are not memories: they stay until evicted). `false` on PostgreSQL
     /// (a deleted row's bytes stay in its table until the space is reused), when another
     /// process was reading an older snapshot of a SQLite store (its log is truncated by a
     /// later forget or checkpoint), or when the embedding cache could not be purged or the
@@ -244,90 +245,20 @@ impl MemoryHarness {
             .await??;
             report.deleted = deleted;
             let mut purge = texts;
-            // Everything above a detached summary is rewritten too, lowest level first (each
-            // rewrite marks the ones above stale; they read their sources' new text).
-            let inner = self.inner.clone();
-            let affected = blocking(move || -> Result<Vec<(u32, u64, MemoryId)>> {
-                let mut all: HashSet<MemoryId> = detached.iter().copied().collect();
-                for id in &detached {
-                    match inner.store.ancestors(*id) {
-                        Ok(a) => all.extend(a.into_iter().map(|m| m.id)),
-                        Err(StoreError::NotFound { .. }) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-                let ids: Vec<MemoryId> = all.into_iter().collect();
-                let mut order: Vec<(u32, u64, MemoryId)> = inner
-                    .store
-                    .sequenced(&ids)?
-                    .into_iter()
-                    .map(|(m, seq)| (m.level, seq, m.id))
-                    .collect();
-                order.sort_unstable();
-                Ok(order)
-            })
-            .await??;
-            for (_, _, id) in affected {
-                let old = match self.get(id).await {
-                    Ok(m) => m,
-                    // Deleted meanwhile (a summary above a dropped one that lost its last
-                    // source; an open that finished this forget). An open finishing it
-                    // finds it gone too.
-                    Err(crate::HarnessError::NotFound { .. }) => continue,
-                    Err(e) => return Err(e),
-                };
-                match self.refresh_summary(id).await {
-                    Ok(_) => report.resummarized.push(id),
-                    Err(e) => {
-                        tracing::warn!(%id, error = %e, "a summary of forgotten memories could not be rewritten; it is deleted");
-                        let inner = self.inner.clone();
-                        let (r, texts) = blocking(move || {
-                            inner
-                                .store
-                                .delete_many_with_texts(&[id], DeletePolicy::Detach)
-                        })
-                        .await??;
-                        purge.extend(texts);
-                        report.dropped.push(id);
-                        report
-                            .deleted
-                            .extend(r.deleted.into_iter().filter(|d| *d != id));
-                    }
-                }
-                purge.push(old.content);
-                // Done with: an open finishing this forget leaves it alone.
-                if let (Some(store), Some(mark)) = (&self.inner.sqlite, &forget_mark) {
-                    let (store, mark) = (store.clone(), mark.name.clone());
-                    blocking(move || store.unlist_forget_summary(&mark, id)).await??;
-                }
+            let rewritten = self
+                .rewrite_above(&detached, forget_mark.as_ref(), &mut report, &mut purge)
+                .await;
+            if let Err(e) = rewritten {
+                // Stopped on an error after the deletes: the summaries it has not written
+                // again go now, as the next open would delete them, so none that quotes
+                // what was forgotten stays readable meanwhile.
+                let inner = self.inner.clone();
+                let mark = forget_mark.map(|m| m.name.clone());
+                blocking(move || abandon(&inner, mark.as_deref(), purge)).await?;
+                return Err(e);
             }
-            // The cache holds the vectors of what the extractive summarizer embedded too
-            // (sentences, a summary's lines), keyed by those texts.
-            let purge: Vec<String> = purge
-                .iter()
-                .flat_map(|t| crate::extractive::derived_texts(t))
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let cache = self.inner.cache.clone();
-            let file = self.inner.sqlite.as_ref().map(|s| s.path().to_owned());
-            purged = blocking(move || {
-                let refs: Vec<&str> = purge.iter().map(String::as_str).collect();
-                let done = match (cache, file) {
-                    (Some(cache), _) => cache.purge(&refs),
-                    // The cache is off in this handle, but an earlier one may have filled it.
-                    (None, Some(file)) => cairn_embed::purge_file(&file, &refs),
-                    (None, None) => Ok(0),
-                };
-                match done {
-                    Ok(_) => true,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "forgotten texts stay in the embedding cache until the next open");
-                        false
-                    }
-                }
-            })
-            .await?;
+            let inner = self.inner.clone();
+            purged = blocking(move || crate::harness::purge_cached(&inner, &purge)).await?;
             // Done but for the erase, which has its own mark. A mark left behind (a purge
             // that failed) has the next open purge the cache.
             if let (Some(store), Some(mark), true) = (&self.inner.sqlite, forget_mark, purged) {
@@ -360,6 +291,93 @@ impl MemoryHarness {
         Ok(report)
     }
 
+    /// Writes again every summary above `detached` (and `detached` themselves), lowest
+    /// level first (each rewrite marks the ones above stale; they read their sources' new
+    /// text), deleting one the summarizer cannot write; their old texts (and the texts of
+    /// what such a delete took along) go to `purge`. Rounds until none is left: a
+    /// consolidation may have built a summary on a detached one meanwhile, still quoting
+    /// it.
+    async fn rewrite_above(
+        &self,
+        detached: &[MemoryId],
+        mark: Option<&PendingForget>,
+        report: &mut ForgetReport,
+        purge: &mut Vec<String>,
+    ) -> Result<()> {
+        let mut done: HashSet<MemoryId> = HashSet::new();
+        for _round in 0..4 {
+            let inner = self.inner.clone();
+            let (detached, seen) = (detached.to_vec(), done.clone());
+            let affected = blocking(move || -> Result<Vec<(u32, u64, MemoryId)>> {
+                let mut all: HashSet<MemoryId> = detached.iter().copied().collect();
+                for id in &detached {
+                    match inner.store.ancestors(*id) {
+                        Ok(a) => all.extend(a.into_iter().map(|m| m.id)),
+                        Err(StoreError::NotFound { .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                let ids: Vec<MemoryId> = all.into_iter().filter(|i| !seen.contains(i)).collect();
+                let mut order: Vec<(u32, u64, MemoryId)> = inner
+                    .store
+                    .sequenced(&ids)?
+                    .into_iter()
+                    .map(|(m, seq)| (m.level, seq, m.id))
+                    .collect();
+                order.sort_unstable();
+                Ok(order)
+            })
+            .await??;
+            if affected.is_empty() {
+                break;
+            }
+            for (_, _, id) in affected {
+                done.insert(id);
+                let old = match self.get(id).await {
+                    Ok(m) => m,
+                    // Deleted meanwhile (a summary above a dropped one that lost its last
+                    // source).
+                    Err(crate::HarnessError::NotFound { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                match self.refresh_summary(id).await {
+                    Ok(_) => report.resummarized.push(id),
+                    Err(e) => {
+                        tracing::warn!(%id, error = %e, "a summary of forgotten memories could not be rewritten; it is deleted");
+                        let inner = self.inner.clone();
+                        let (r, texts) = match blocking(move || {
+                            inner
+                                .store
+                                .delete_many_with_texts(&[id], DeletePolicy::Detach)
+                        })
+                        .await?
+                        {
+                            Ok(done) => done,
+                            // Deleted meanwhile: gone either way.
+                            Err(StoreError::NotFound { .. }) => continue,
+                            Err(e) => return Err(e.into()),
+                        };
+                        purge.extend(texts);
+                        report.dropped.push(id);
+                        report
+                            .deleted
+                            .extend(r.deleted.into_iter().filter(|d| *d != id));
+                    }
+                }
+                purge.push(old.content);
+                // Done with: an open finishing this forget leaves it alone.
+                if let (Some(store), Some(mark)) = (&self.inner.sqlite, mark) {
+                    let (store, mark) = (store.clone(), mark.name.clone());
+                    if let Err(e) = blocking(move || store.unlist_forget_summary(&mark, id)).await?
+                    {
+                        tracing::warn!(%id, error = %e, "a summary written again stays on its forget's mark: an open finishing the forget deletes it");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The ids of every memory `filter` admits, superseded and expired ones included.
     async fn collect_ids(&self, mut filter: Filter) -> Result<Vec<MemoryId>> {
         if filter.as_of.is_none() {
@@ -377,5 +395,116 @@ impl MemoryHarness {
             }
         }
         Ok(ids)
+    }
+}
+
+/// What a forget that stopped on an error after its deletes leaves: the summaries its mark
+/// still lists (not written again yet, so possibly quoting what was forgotten) are deleted
+/// with what was built on them, the cache forgets their texts and `purge`, and the mark
+/// goes. Failures are logged: the mark then stays for the next open.
+fn abandon(inner: &crate::harness::Inner, mark: Option<&str>, mut purge: Vec<String>) {
+    let (Some(store), Some(mark)) = (&inner.sqlite, mark) else {
+        crate::harness::purge_cached(inner, &purge);
+        return;
+    };
+    let done = (|| -> std::result::Result<bool, StoreError> {
+        let listed: Vec<MemoryId> = store
+            .forget_marks()?
+            .into_iter()
+            .filter(|m| m.name == mark)
+            .flat_map(|m| m.summaries)
+            .collect();
+        let found = store.existing(&listed)?;
+        let left: Vec<MemoryId> = listed.into_iter().filter(|i| found.contains(i)).collect();
+        if !left.is_empty() {
+            let (_, texts) = store.delete_many_with_texts(&left, DeletePolicy::Cascade)?;
+            purge.extend(texts);
+        }
+        Ok(crate::harness::purge_cached(inner, &purge))
+    })();
+    match done {
+        Ok(true) => {
+            if let Err(e) = store.clear_forget_marks(&[mark.to_owned()]) {
+                tracing::warn!(error = %e, "a forget mark stays for the next open");
+            }
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "a forget stopped on an error is finished by the next open")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use cairn_core::{NewMemory, Role, ThreadId};
+    use cairn_embed::HashEmbedder;
+
+    use super::*;
+
+    /// A forget that stops on an error after its deletes is finished on the spot: the
+    /// summaries its mark still lists go (with what was built on them), the texts gathered
+    /// and theirs leave the cache, and the mark goes; a summary not listed stays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_forget_deletes_what_it_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = MemoryHarness::builder(dir.path().join("a.db"))
+            .embedder(Arc::new(HashEmbedder::new(32)))
+            .build()
+            .await
+            .unwrap();
+        let t = ThreadId::new("t").unwrap();
+        let mut ids = Vec::new();
+        for text in ["the vault code is 9123", "lunch at noon", "a walk later"] {
+            ids.push(
+                mem.add(NewMemory::conversational(t.clone(), Role::User, text))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let low = mem
+            .add_summary("vault 9123 and lunch", &ids[..2], Some("t"))
+            .await
+            .unwrap();
+        let top = mem
+            .add_summary("vault 9123, lunch, walk", &[low, ids[2]], Some("t"))
+            .await
+            .unwrap();
+        let other = mem
+            .add_summary("a walk", &ids[2..], Some("t"))
+            .await
+            .unwrap();
+        let cache = mem.embedding_cache().unwrap().clone();
+        assert!(cache.contains("vault 9123 and lunch").unwrap());
+        let store = mem.sqlite().unwrap().clone();
+        let pending = store.mark_forget().unwrap();
+        let (_, texts) = store.delete_marked(&[ids[0]], &pending.name).unwrap();
+        assert_eq!(texts, vec!["the vault code is 9123".to_owned()]);
+        let inner = mem.inner.clone();
+        let name = pending.name.clone();
+        blocking(move || abandon(&inner, Some(&name), texts))
+            .await
+            .unwrap();
+        assert!(store.forget_marks().unwrap().is_empty());
+        for gone in [low, top] {
+            assert!(matches!(
+                mem.get(gone).await,
+                Err(crate::HarnessError::NotFound { .. })
+            ));
+        }
+        assert_eq!(mem.get(other).await.unwrap().id, other);
+        assert_eq!(mem.get(ids[1]).await.unwrap().id, ids[1]);
+        for text in [
+            "the vault code is 9123",
+            "vault 9123 and lunch",
+            "vault 9123, lunch, walk",
+        ] {
+            assert!(!cache.contains(text).unwrap(), "{text}");
+        }
+        assert!(cache.contains("lunch at noon").unwrap());
     }
 }

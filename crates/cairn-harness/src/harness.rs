@@ -481,8 +481,15 @@ impl HarnessBuilder {
             }
             (base, None)
         };
-        let summarizer = summarizer
-            .unwrap_or_else(|| Arc::new(crate::ExtractiveSummarizer::new(embedder.clone())));
+        // The default summarizer weighs sentences, not memories: it reads the cache but does
+        // not fill it, so the cache holds no text a forget could not name.
+        let summarizer = summarizer.unwrap_or_else(|| {
+            let sentences = match &cache {
+                Some(c) => c.unstored(),
+                None => embedder.clone(),
+            };
+            Arc::new(crate::ExtractiveSummarizer::new(sentences))
+        });
         let token_counter = match token_counter {
             Some(c) => c,
             None => Arc::new(blocking(crate::TiktokenCounter::cl100k).await??),
@@ -500,6 +507,37 @@ impl HarnessBuilder {
                 location,
             }),
         })
+    }
+}
+
+/// Purges from the embedding cache the vectors of `texts` (memories deleted, or texts
+/// replaced) and of what the extractive summarizer derived from them (sentences, a
+/// summary's lines: what versions before 7fa3dc1 stored too), through this handle's cache
+/// or, when it is off, the file's cache table an earlier open may have filled. `false`
+/// when that failed (logged: the texts stay until an open finishes a forget or they are
+/// evicted).
+pub(crate) fn purge_cached(inner: &Inner, texts: &[String]) -> bool {
+    if texts.is_empty() {
+        return true;
+    }
+    let all: Vec<String> = texts
+        .iter()
+        .flat_map(|t| crate::extractive::derived_texts(t))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    let done = match (&inner.cache, &inner.sqlite) {
+        (Some(cache), _) => cache.purge(&refs),
+        (None, Some(store)) => cairn_embed::purge_file(store.path(), &refs),
+        (None, None) => Ok(0),
+    };
+    match done {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "texts no longer in the store stay in the embedding cache");
+            false
+        }
     }
 }
 
@@ -533,6 +571,7 @@ fn finish_forgets(store: &Store) {
         }
     };
     let done = (|| -> std::result::Result<(usize, usize), String> {
+        let _lock = _lock;
         let listed: Vec<MemoryId> = marks.iter().flat_map(|m| m.summaries.clone()).collect();
         let found = store.existing(&listed).map_err(|e| e.to_string())?;
         let doomed: Vec<MemoryId> = listed
@@ -908,7 +947,13 @@ impl MemoryHarness {
         let inner = self.inner.clone();
         blocking(move || -> Result<MemoryUnit> {
             let v = inner.embedder.embed_one(&content)?;
-            Ok(inner.store.update(id, content, metadata, v)?)
+            let old = inner.store.get(id)?.content;
+            let unit = inner.store.update(id, content, metadata, v)?;
+            // The text replaced is not the store's any more: the cache forgets it too.
+            if old != unit.content {
+                purge_cached(&inner, &[old]);
+            }
+            Ok(unit)
         })
         .await?
     }
@@ -929,38 +974,10 @@ impl MemoryHarness {
     pub async fn delete_with(&self, id: MemoryId, policy: DeletePolicy) -> Result<DeleteReport> {
         let inner = self.inner.clone();
         blocking(move || {
-            // The texts are read first: a delete reports only ids.
-            let texts: HashMap<MemoryId, String> = match &inner.cache {
-                None => HashMap::new(),
-                Some(_) => {
-                    let mut ids = vec![id];
-                    if policy == DeletePolicy::Cascade {
-                        ids.extend(inner.store.ancestors(id)?.into_iter().map(|m| m.id));
-                    }
-                    inner
-                        .store
-                        .get_found(&ids)?
-                        .into_iter()
-                        .map(|m| (m.id, m.content))
-                        .collect()
-                }
-            };
-            let report = inner.store.delete(id, policy)?;
-            if let Some(cache) = &inner.cache {
-                // With the sentences and lines the extractive summarizer embedded.
-                let gone: Vec<String> = report
-                    .deleted
-                    .iter()
-                    .filter_map(|d| texts.get(d))
-                    .flat_map(|t| crate::extractive::derived_texts(t))
-                    .collect();
-                let gone: Vec<&str> = gone.iter().map(String::as_str).collect();
-                // The delete is committed; a cache that cannot be written is reported in
-                // the log rather than turning a done delete into an error.
-                if let Err(e) = cache.purge(&gone) {
-                    tracing::warn!(error = %e, "deleted memories stay in the embedding cache");
-                }
-            }
+            let (report, texts) = inner.store.delete_many_with_texts(&[id], policy)?;
+            // The delete is committed; a cache that cannot be written is reported in the
+            // log rather than turning a done delete into an error.
+            purge_cached(&inner, &texts);
             Ok::<_, HarnessError>(report)
         })
         .await?

@@ -756,6 +756,9 @@ async fn a_forget_cut_short_is_finished_by_the_next_open() {
     let vector = leading_bytes(model.as_ref(), QUOTED_LINES[0]);
     assert!(cache.contains(QUOTED_LINES[0]).unwrap());
     assert!(cache.contains(QUOTING).unwrap());
+    for n in [&b"plorvanite"[..], QUOTED_LINES[0].as_bytes(), &vector] {
+        assert!(!holding(dir.path(), n).is_empty(), "before: {n:?}");
+    }
     let cut = {
         let (mem, secret) = (mem.clone(), turns[0]);
         tokio::spawn(async move { mem.forget(Forget::Ids(vec![secret])).await })
@@ -807,6 +810,41 @@ async fn a_forget_cut_short_is_finished_by_the_next_open() {
     mem.close().await.unwrap();
 }
 
+/// Content replaced by an update (and a summary's text written again) is not the store's
+/// any more: the cache forgets it, so a later forget of the memory leaves none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_text_leaves_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = open(&dir, hash()).await;
+    let t = cairn_core::ThreadId::new("u").unwrap();
+    let first = "My locker code is 3141.";
+    let id = mem
+        .add(NewMemory::conversational(t.clone(), Role::User, first))
+        .await
+        .unwrap();
+    let other = mem
+        .add(NewMemory::conversational(t, Role::User, "Tea at four."))
+        .await
+        .unwrap();
+    let s = mem
+        .add_summary("Locker 3141; tea.", &[id, other], Some("u"))
+        .await
+        .unwrap();
+    let cache = mem.embedding_cache().unwrap().clone();
+    assert!(cache.contains(first).unwrap());
+    mem.update(id, "My locker code changed to 2718.")
+        .await
+        .unwrap();
+    assert!(!cache.contains(first).unwrap());
+    assert!(cache.contains("My locker code changed to 2718.").unwrap());
+    // The summary became stale; written again, its old text leaves the cache too.
+    assert!(mem.get(s).await.unwrap().summary.unwrap().stale);
+    assert!(cache.contains("Locker 3141; tea.").unwrap());
+    mem.refresh_summary(s).await.unwrap();
+    assert!(!cache.contains("Locker 3141; tea.").unwrap());
+    assert!(cache.contains("Tea at four.").unwrap());
+}
+
 /// A forget stopped after it had written one summary again (the lower one) and while it
 /// wrote the next: the next open deletes only the one left, not the one already written
 /// again without the forgotten words.
@@ -852,11 +890,12 @@ async fn an_open_keeps_what_a_cut_forget_had_rewritten() {
     mem.close().await.unwrap();
 }
 
-/// The extractive summarizer embeds the sentences of what it summarizes through the
-/// embedding cache; a forget purges those too: after consolidating turns of several
-/// sentences and forgetting one, no sentence of it is in the cache or in any file (its
-/// vector), while the sentences of the turns kept still are. The same for a plain delete
-/// (under `Detach`) and `erase_deleted`.
+/// The extractive summarizer weighs the sentences of what it summarizes (a photo's
+/// caption among them) through the embedding cache without storing them: after a
+/// consolidation the cache holds the memories' texts, not their sentences. Entries an
+/// earlier version stored for sentences are purged with their memory: after forgetting a
+/// turn (or deleting it under `Detach` and erasing), none of its sentences is in the cache or
+/// in any file (its vector), while a kept turn's are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forget_purges_the_sentences_the_summarizer_embedded() {
     for forget in [true, false] {
@@ -887,6 +926,10 @@ async fn sentences_purged(forget: bool) {
             .at(now() - Duration::hours(5) + Duration::minutes(i as i64));
         m.metadata
             .insert("speaker".into(), json!(l.split(':').next().unwrap()));
+        if i == 1 {
+            m.metadata
+                .insert("blip_caption".into(), json!("a puppy on a beach"));
+        }
         ids.push(mem.add(m).await.unwrap());
     }
     let r = mem
@@ -898,16 +941,30 @@ async fn sentences_purged(forget: bool) {
         .await
         .unwrap();
     assert_eq!(r.summaries.len(), 1);
+    let summary = mem.get(r.summaries[0]).await.unwrap().content;
+    assert!(
+        summary.contains("puppy"),
+        "the caption is quoted: {summary}"
+    );
     let cache = mem.embedding_cache().unwrap().clone();
     let secret = [
         "It was called Quibbleton.",
         "My password hint is the name of my first dog.",
     ];
-    for t in secret {
-        assert!(cache.contains(t).unwrap(), "the summarizer embedded {t:?}");
+    // Weighed, not stored: only the memories' own texts are.
+    for t in secret
+        .iter()
+        .copied()
+        .chain(["[shares a photo: a puppy on a beach]"])
+    {
+        assert!(!cache.contains(t).unwrap(), "{t:?}");
     }
+    for l in lines {
+        assert!(cache.contains(l).unwrap());
+    }
+    // What an earlier version stored for the summarizer's sentences.
     let kept = "I will bring the big tent.";
-    assert!(cache.contains(kept).unwrap());
+    cache.embed(&[secret[0], secret[1], kept]).unwrap();
     // Whole vectors: the hashing model's leading floats are mostly zeros, too common a
     // pattern to look for.
     let vectors: Vec<Vec<u8>> = secret
@@ -919,6 +976,7 @@ async fn sentences_purged(forget: bool) {
                 .collect()
         })
         .collect();
+    mem.snapshot().await.unwrap();
     for v in &vectors {
         assert!(
             !holding(dir.path(), v).is_empty(),
@@ -944,7 +1002,10 @@ async fn sentences_purged(forget: bool) {
     }
     // A plain delete leaves the summary quoting it stale until consolidation writes it
     // again; a forget writes it again at once.
-    assert_eq!(holding(dir.path(), b"Quibbleton").is_empty(), forget);
+    assert_eq!(holding(dir.path(), b"puppy").is_empty(), forget);
+    if forget {
+        assert!(holding(dir.path(), b"Quibbleton").is_empty());
+    }
     drop(cache);
     mem.close().await.unwrap();
 }
