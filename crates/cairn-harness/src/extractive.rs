@@ -197,6 +197,87 @@ fn who(item: &SummaryItem) -> String {
         .unwrap_or_else(|| item.kind.as_str().to_owned())
 }
 
+/// The sentence vectors the default summarizer weighs, kept in memory for the life of a
+/// harness (a consolidation's roll-ups read again the lines it embedded a level below),
+/// never written to a file: the embedding cache stores only memories' texts. Bounded
+/// (emptied when full); emptied whenever text leaves the store, so a forgotten sentence is
+/// not kept here either.
+pub(crate) struct SentenceMemo {
+    inner: Arc<dyn Embedder>,
+    map: std::sync::Mutex<std::collections::HashMap<String, Vec<f32>>>,
+}
+
+/// Sentences a [`SentenceMemo`] keeps before it empties itself (about 12 MB at 384
+/// dimensions).
+const SENTENCE_MEMO: usize = 8_192;
+
+impl SentenceMemo {
+    pub(crate) fn new(inner: Arc<dyn Embedder>) -> Self {
+        Self {
+            inner,
+            map: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// Forgets every sentence kept.
+    pub(crate) fn clear(&self) {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Sentences kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Embedder for SentenceMemo {
+    fn model_id(&self) -> &str {
+        self.inner.model_id()
+    }
+
+    fn dim(&self) -> usize {
+        self.inner.dim()
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+        let mut out: Vec<Option<Vec<f32>>> = {
+            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            texts.iter().map(|t| map.get(*t).cloned()).collect()
+        };
+        let missing: Vec<&str> = texts
+            .iter()
+            .zip(&out)
+            .filter(|(_, v)| v.is_none())
+            .map(|(t, _)| *t)
+            .collect();
+        if !missing.is_empty() {
+            let fresh = self.inner.embed_checked(&missing)?;
+            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            if map.len() + fresh.len() > SENTENCE_MEMO {
+                map.clear();
+            }
+            let mut fresh = fresh.into_iter();
+            for (slot, t) in out.iter_mut().zip(texts) {
+                if slot.is_none() {
+                    let v = fresh.next().ok_or_else(|| {
+                        cairn_core::EmbedError::Inference("the model returned fewer vectors".into())
+                    })?;
+                    map.insert((*t).to_owned(), v.clone());
+                    *slot = Some(v);
+                }
+            }
+        }
+        out.into_iter()
+            .map(|v| {
+                v.ok_or_else(|| {
+                    cairn_core::EmbedError::Inference("a sentence lost its vector".into())
+                })
+            })
+            .collect()
+    }
+}
+
 /// Every text the extractive summarizer may embed (through the harness's embedding cache)
 /// for a memory whose content is `content`, from the content alone: the content itself,
 /// its sentences with and without a leading `who:` (whoever the speaker is), and, read as a
@@ -774,6 +855,51 @@ mod tests {
             ]
         );
         assert!(sentences("   ").is_empty());
+    }
+
+    /// Counts the texts it embeds.
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl Embedder for Counting {
+        fn model_id(&self) -> &str {
+            "counting"
+        }
+        fn dim(&self) -> usize {
+            2
+        }
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+            self.0
+                .fetch_add(texts.len(), std::sync::atomic::Ordering::SeqCst);
+            Ok(texts.iter().map(|t| vec![1.0, t.len() as f32]).collect())
+        }
+    }
+
+    /// The memo embeds each sentence once (repeats in one call too, in their places),
+    /// answers as the model does, empties when cleared and when full.
+    #[test]
+    fn the_sentence_memo_embeds_once_and_empties() {
+        let model = Arc::new(Counting(0.into()));
+        let memo = SentenceMemo::new(model.clone());
+        let calls = || model.0.load(std::sync::atomic::Ordering::SeqCst);
+        let v = memo.embed(&["ab", "abc", "ab"]).unwrap();
+        assert_eq!(v, vec![vec![1.0, 2.0], vec![1.0, 3.0], vec![1.0, 2.0]]);
+        assert_eq!(calls(), 3);
+        assert_eq!(memo.len(), 2);
+        assert_eq!(memo.embed(&["abc", "ab"]).unwrap()[0], vec![1.0, 3.0]);
+        assert_eq!(calls(), 3, "both kept");
+        memo.clear();
+        assert_eq!(memo.len(), 0);
+        memo.embed(&["ab"]).unwrap();
+        assert_eq!(calls(), 4);
+        let many: Vec<String> = (0..SENTENCE_MEMO).map(|i| format!("s{i}")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        memo.embed(&refs).unwrap();
+        assert!(memo.len() <= SENTENCE_MEMO);
+        assert_eq!(
+            memo.len(),
+            SENTENCE_MEMO,
+            "emptied, then filled by the call"
+        );
     }
 
     #[test]

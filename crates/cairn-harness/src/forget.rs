@@ -507,4 +507,37 @@ mod tests {
         }
         assert!(cache.contains("lunch at noon").unwrap());
     }
+
+    /// The default summarizer's sentences are kept in memory while the harness lives and
+    /// emptied when text leaves the store (here a forget).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_forget_empties_the_sentence_memo() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = MemoryHarness::builder(dir.path().join("m.db"))
+            .embedder(Arc::new(HashEmbedder::new(32)))
+            .build()
+            .await
+            .unwrap();
+        let t = ThreadId::new("t").unwrap();
+        let mut ids = Vec::new();
+        for (i, text) in [
+            "We moved the boat to the north dock. The engine needs a service.",
+            "My niece starts school in May. She already reads well.",
+            "The roof leaks over the kitchen. A builder comes on Monday.",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let m = NewMemory::conversational(t.clone(), Role::User, text)
+                .at(chrono::Utc::now() - chrono::Duration::hours(3 - i as i64));
+            ids.push(mem.add(m).await.unwrap());
+        }
+        let policy = crate::ConsolidationPolicy::older_than(std::time::Duration::ZERO)
+            .max_age(std::time::Duration::ZERO);
+        assert!(!mem.consolidate(policy).await.unwrap().summaries.is_empty());
+        let memo = mem.inner.sentences.clone().unwrap();
+        assert!(memo.len() >= 6, "{}", memo.len());
+        mem.forget(Forget::Ids(vec![ids[1]])).await.unwrap();
+        assert_eq!(memo.len(), 0);
+    }
 }

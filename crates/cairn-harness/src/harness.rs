@@ -214,6 +214,9 @@ pub(crate) struct Inner {
     pub sqlite: Option<Store>,
     pub embedder: Arc<dyn Embedder>,
     pub cache: Option<Arc<CachedEmbedder>>,
+    /// The default summarizer's sentence vectors (in memory only; emptied when text
+    /// leaves the store). `None` with a summarizer of the caller's.
+    pub sentences: Option<Arc<crate::extractive::SentenceMemo>>,
     pub summarizer: Arc<dyn Summarizer>,
     pub token_counter: Arc<dyn TokenCounter>,
     pub clock: Arc<dyn Clock>,
@@ -483,13 +486,18 @@ impl HarnessBuilder {
         };
         // The default summarizer weighs sentences, not memories: it reads the cache but does
         // not fill it, so the cache holds no text a forget could not name.
-        let summarizer = summarizer.unwrap_or_else(|| {
-            let sentences = match &cache {
-                Some(c) => c.unstored(),
-                None => embedder.clone(),
-            };
-            Arc::new(crate::ExtractiveSummarizer::new(sentences))
-        });
+        let (summarizer, sentences) = match summarizer {
+            Some(s) => (s, None),
+            None => {
+                let memo = Arc::new(crate::extractive::SentenceMemo::new(match &cache {
+                    Some(c) => c.unstored(),
+                    None => embedder.clone(),
+                }));
+                let s: Arc<dyn Summarizer> =
+                    Arc::new(crate::ExtractiveSummarizer::new(memo.clone()));
+                (s, Some(memo))
+            }
+        };
         let token_counter = match token_counter {
             Some(c) => c,
             None => Arc::new(blocking(crate::TiktokenCounter::cl100k).await??),
@@ -500,6 +508,7 @@ impl HarnessBuilder {
                 sqlite,
                 embedder,
                 cache,
+                sentences,
                 summarizer,
                 token_counter,
                 clock,
@@ -519,6 +528,9 @@ impl HarnessBuilder {
 pub(crate) fn purge_cached(inner: &Inner, texts: &[String]) -> bool {
     if texts.is_empty() {
         return true;
+    }
+    if let Some(memo) = &inner.sentences {
+        memo.clear();
     }
     let all: Vec<String> = texts
         .iter()
