@@ -542,10 +542,13 @@ impl CachedEmbedder {
                 }
             }
         }
-        self.hits
-            .fetch_add((texts.len() - unique.len()) as u64, Ordering::Relaxed);
-        self.misses
-            .fetch_add(unique.len() as u64, Ordering::Relaxed);
+        // Counted for what the cache keeps (the unstored path's texts are never in it).
+        if keep {
+            self.hits
+                .fetch_add((texts.len() - unique.len()) as u64, Ordering::Relaxed);
+            self.misses
+                .fetch_add(unique.len() as u64, Ordering::Relaxed);
+        }
         let fresh = if unique.is_empty() {
             Vec::new()
         } else {

@@ -204,7 +204,15 @@ fn who(item: &SummaryItem) -> String {
 /// not kept here either.
 pub(crate) struct SentenceMemo {
     inner: Arc<dyn Embedder>,
-    map: std::sync::Mutex<std::collections::HashMap<String, Vec<f32>>>,
+    map: std::sync::Mutex<Memo>,
+}
+
+#[derive(Default)]
+struct Memo {
+    vectors: HashMap<String, Vec<f32>>,
+    /// Raised by each clear: vectors embedded before a clear are not kept after it (the
+    /// text they came from may have left the store meanwhile).
+    generation: u64,
 }
 
 /// Sentences a [`SentenceMemo`] keeps before it empties itself (about 12 MB at 384
@@ -215,19 +223,25 @@ impl SentenceMemo {
     pub(crate) fn new(inner: Arc<dyn Embedder>) -> Self {
         Self {
             inner,
-            map: std::sync::Mutex::new(std::collections::HashMap::new()),
+            map: std::sync::Mutex::new(Memo::default()),
         }
     }
 
-    /// Forgets every sentence kept.
+    /// Forgets every sentence kept, and every one being embedded now.
     pub(crate) fn clear(&self) {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        m.vectors.clear();
+        m.generation += 1;
     }
 
     /// Sentences kept.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .vectors
+            .len()
     }
 }
 
@@ -241,30 +255,44 @@ impl Embedder for SentenceMemo {
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
-        let mut out: Vec<Option<Vec<f32>>> = {
-            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            texts.iter().map(|t| map.get(*t).cloned()).collect()
+        let (mut out, generation): (Vec<Option<Vec<f32>>>, u64) = {
+            let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                texts.iter().map(|t| m.vectors.get(*t).cloned()).collect(),
+                m.generation,
+            )
         };
-        let missing: Vec<&str> = texts
-            .iter()
-            .zip(&out)
-            .filter(|(_, v)| v.is_none())
-            .map(|(t, _)| *t)
-            .collect();
+        // Each sentence missing goes to the model once, however often the call repeats it.
+        let mut missing: Vec<&str> = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::new();
+        for (t, v) in texts.iter().zip(&out) {
+            if v.is_none() && seen.insert(t) {
+                missing.push(t);
+            }
+        }
         if !missing.is_empty() {
             let fresh = self.inner.embed_checked(&missing)?;
-            let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            if map.len() + fresh.len() > SENTENCE_MEMO {
-                map.clear();
+            if fresh.len() != missing.len() {
+                return Err(cairn_core::EmbedError::Inference(
+                    "the model returned another number of vectors".into(),
+                ));
             }
-            let mut fresh = fresh.into_iter();
+            let fresh: HashMap<&str, Vec<f32>> = missing.iter().copied().zip(fresh).collect();
             for (slot, t) in out.iter_mut().zip(texts) {
                 if slot.is_none() {
-                    let v = fresh.next().ok_or_else(|| {
-                        cairn_core::EmbedError::Inference("the model returned fewer vectors".into())
-                    })?;
-                    map.insert((*t).to_owned(), v.clone());
-                    *slot = Some(v);
+                    *slot = fresh.get(*t).cloned();
+                }
+            }
+            let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            if m.generation == generation {
+                if m.vectors.len() + fresh.len() > SENTENCE_MEMO {
+                    m.vectors.clear();
+                }
+                for (t, v) in fresh {
+                    if m.vectors.len() >= SENTENCE_MEMO {
+                        break;
+                    }
+                    m.vectors.insert(t.to_owned(), v);
                 }
             }
         }
@@ -883,23 +911,52 @@ mod tests {
         let calls = || model.0.load(std::sync::atomic::Ordering::SeqCst);
         let v = memo.embed(&["ab", "abc", "ab"]).unwrap();
         assert_eq!(v, vec![vec![1.0, 2.0], vec![1.0, 3.0], vec![1.0, 2.0]]);
-        assert_eq!(calls(), 3);
+        assert_eq!(calls(), 2, "a repeat goes to the model once");
         assert_eq!(memo.len(), 2);
         assert_eq!(memo.embed(&["abc", "ab"]).unwrap()[0], vec![1.0, 3.0]);
-        assert_eq!(calls(), 3, "both kept");
+        assert_eq!(calls(), 2, "both kept");
         memo.clear();
         assert_eq!(memo.len(), 0);
         memo.embed(&["ab"]).unwrap();
-        assert_eq!(calls(), 4);
-        let many: Vec<String> = (0..SENTENCE_MEMO).map(|i| format!("s{i}")).collect();
+        assert_eq!(calls(), 3);
+        let many: Vec<String> = (0..SENTENCE_MEMO + 10).map(|i| format!("s{i}")).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-        memo.embed(&refs).unwrap();
-        assert!(memo.len() <= SENTENCE_MEMO);
+        let v = memo.embed(&refs).unwrap();
+        assert_eq!(v.len(), SENTENCE_MEMO + 10);
+        assert_eq!(v[SENTENCE_MEMO + 9], vec![1.0, 5.0]);
         assert_eq!(
             memo.len(),
             SENTENCE_MEMO,
-            "emptied, then filled by the call"
+            "emptied, then filled up to the bound"
         );
+    }
+
+    /// Empties the memo it serves while it embeds (as a forget does from another thread).
+    struct Clearing(std::sync::OnceLock<std::sync::Weak<SentenceMemo>>);
+
+    impl Embedder for Clearing {
+        fn model_id(&self) -> &str {
+            "clearing"
+        }
+        fn dim(&self) -> usize {
+            2
+        }
+        fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, cairn_core::EmbedError> {
+            if let Some(m) = self.0.get().and_then(std::sync::Weak::upgrade) {
+                m.clear();
+            }
+            Ok(texts.iter().map(|_| vec![1.0, 0.0]).collect())
+        }
+    }
+
+    /// A vector embedded while the memo was emptied is returned but not kept.
+    #[test]
+    fn a_sentence_embedded_across_a_clear_is_not_kept() {
+        let model = Arc::new(Clearing(std::sync::OnceLock::new()));
+        let memo = Arc::new(SentenceMemo::new(model.clone()));
+        model.0.set(Arc::downgrade(&memo)).unwrap();
+        assert_eq!(memo.embed(&["gone"]).unwrap(), vec![vec![1.0, 0.0]]);
+        assert_eq!(memo.len(), 0);
     }
 
     #[test]
