@@ -2699,6 +2699,28 @@ impl Store {
         })
     }
 
+    /// Adds `summaries` to the list of `mark` (those a forget found to write again after
+    /// its delete: built meanwhile on what it detached), each once.
+    pub fn list_forget_summaries(&self, mark: &str, summaries: &[MemoryId]) -> Result<()> {
+        if summaries.is_empty() {
+            return Ok(());
+        }
+        let mark = mark.to_owned();
+        let ids = serde_json::to_string(summaries)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
+        self.write(move |conn, _| {
+            conn.execute(
+                "UPDATE store_meta SET value = (
+                     SELECT COALESCE(json_group_array(v), '[]') FROM (
+                         SELECT j.value AS v FROM json_each(store_meta.value) j
+                         UNION SELECT n.value FROM json_each(?2) n))
+                 WHERE key = ?1",
+                params![mark, ids],
+            )?;
+            Ok(())
+        })
+    }
+
     /// The marks of [`Self::mark_forget`] not cleared yet.
     pub fn forget_marks(&self) -> Result<Vec<ForgetMark>> {
         self.read(|c| {

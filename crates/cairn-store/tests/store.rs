@@ -1628,6 +1628,25 @@ fn a_forget_mark_names_the_summaries_left_to_rewrite() {
     let marks = s.forget_marks().unwrap();
     assert!(marks.iter().all(|m| m.summaries.is_empty()));
     assert_eq!(marks.len(), 2);
+    // Summaries found later are added, each once; the other mark is untouched.
+    s.list_forget_summaries(&m1, &[above_untouched, top])
+        .unwrap();
+    s.list_forget_summaries(&m1, &[top]).unwrap();
+    let marks = s.forget_marks().unwrap();
+    let mine = marks.iter().find(|m| m.name == m1).unwrap();
+    assert_eq!(mine.summaries.len(), 2);
+    assert_eq!(
+        mine.summaries.iter().copied().collect::<HashSet<_>>(),
+        HashSet::from([above_untouched, top])
+    );
+    assert!(marks
+        .iter()
+        .find(|m| m.name == m2)
+        .unwrap()
+        .summaries
+        .is_empty());
+    s.unlist_forget_summary(&m1, top).unwrap();
+    s.unlist_forget_summary(&m1, above_untouched).unwrap();
 
     // Not a mark: refused, nothing deleted.
     assert!(matches!(
