@@ -435,18 +435,12 @@ fn abandon(inner: &crate::harness::Inner, mark: Option<&str>, mut purge: Vec<Str
         return;
     };
     let done = (|| -> std::result::Result<bool, StoreError> {
-        let listed: Vec<MemoryId> = store
+        let mine: Vec<_> = store
             .forget_marks()?
             .into_iter()
             .filter(|m| m.name == mark)
-            .flat_map(|m| m.summaries)
             .collect();
-        let found = store.existing(&listed)?;
-        let left: Vec<MemoryId> = listed.into_iter().filter(|i| found.contains(i)).collect();
-        if !left.is_empty() {
-            let (_, texts) = store.delete_many_with_texts(&left, DeletePolicy::Cascade)?;
-            purge.extend(texts);
-        }
+        purge.extend(crate::harness::delete_listed(store, &mine)?.1);
         Ok(crate::harness::purge_cached(inner, &purge))
     })();
     match done {
@@ -473,17 +467,21 @@ mod tests {
 
     use super::*;
 
+    async fn hashed(dir: &tempfile::TempDir) -> MemoryHarness {
+        MemoryHarness::builder(dir.path().join("f.db"))
+            .embedder(Arc::new(HashEmbedder::new(32)))
+            .build()
+            .await
+            .unwrap()
+    }
+
     /// A forget that stops on an error after its deletes is finished on the spot: the
     /// summaries its mark still lists go (with what was built on them), the texts gathered
     /// and theirs leave the cache, and the mark goes; a summary not listed stays.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_abandoned_forget_deletes_what_it_listed() {
         let dir = tempfile::tempdir().unwrap();
-        let mem = MemoryHarness::builder(dir.path().join("a.db"))
-            .embedder(Arc::new(HashEmbedder::new(32)))
-            .build()
-            .await
-            .unwrap();
+        let mem = hashed(&dir).await;
         let t = ThreadId::new("t").unwrap();
         let mut ids = Vec::new();
         for text in ["the vault code is 9123", "lunch at noon", "a walk later"] {
@@ -540,11 +538,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_forget_empties_the_sentence_memo() {
         let dir = tempfile::tempdir().unwrap();
-        let mem = MemoryHarness::builder(dir.path().join("m.db"))
-            .embedder(Arc::new(HashEmbedder::new(32)))
-            .build()
-            .await
-            .unwrap();
+        let mem = hashed(&dir).await;
         let t = ThreadId::new("t").unwrap();
         let mut ids = Vec::new();
         for (i, text) in [

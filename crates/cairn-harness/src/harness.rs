@@ -553,6 +553,27 @@ pub(crate) fn purge_cached(inner: &Inner, texts: &[String]) -> bool {
     }
 }
 
+/// Deletes the summaries `marks` list that still exist, with what was built on them since
+/// (Cascade): those a forget had not written again. How many went, and their texts.
+pub(crate) fn delete_listed(
+    store: &Store,
+    marks: &[cairn_store::ForgetMark],
+) -> cairn_store::Result<(usize, Vec<String>)> {
+    let listed: Vec<MemoryId> = marks
+        .iter()
+        .flat_map(|m| m.summaries.iter().copied())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let found = store.existing(&listed)?;
+    let left: Vec<MemoryId> = listed.into_iter().filter(|i| found.contains(i)).collect();
+    if left.is_empty() {
+        return Ok((0, Vec::new()));
+    }
+    let (r, texts) = store.delete_many_with_texts(&left, DeletePolicy::Cascade)?;
+    Ok((r.deleted.len(), texts))
+}
+
 /// Finishes what forgets that did not live to the end left (see [`Store::mark_forget`]):
 /// the summaries they were to write again and had not are deleted, with every summary
 /// built on them since (their sources stay; the next consolidation summarizes them
@@ -563,6 +584,15 @@ pub(crate) fn purge_cached(inner: &Inner, texts: &[String]) -> bool {
 /// is under way (it holds the forget lock, in this process or another: its mark may not
 /// be left behind at all). A failure is logged and the marks stay for the next open.
 fn finish_forgets(store: &Store) {
+    // Most opens find no mark: one read, no lock file touched.
+    match store.forget_marks() {
+        Ok(m) if m.is_empty() => return,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the store's forget marks");
+            return;
+        }
+    }
     let _lock = match store.try_lock_forgets() {
         Ok(Some(l)) => l,
         Ok(None) => {
@@ -574,6 +604,7 @@ fn finish_forgets(store: &Store) {
             return;
         }
     };
+    // Read again under the lock: a forget that ended meanwhile has cleared its own.
     let marks = match store.forget_marks() {
         Ok(m) if m.is_empty() => return,
         Ok(m) => m,
@@ -584,25 +615,9 @@ fn finish_forgets(store: &Store) {
     };
     let done = (|| -> std::result::Result<(usize, usize), String> {
         let _lock = _lock;
-        let listed: Vec<MemoryId> = marks.iter().flat_map(|m| m.summaries.clone()).collect();
-        let found = store.existing(&listed).map_err(|e| e.to_string())?;
-        let doomed: Vec<MemoryId> = listed
-            .into_iter()
-            .filter(|id| found.contains(id))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
         // The erase mark first: should this not finish, the next open erases too.
         store.mark_for_erase().map_err(|e| e.to_string())?;
-        let deleted = if doomed.is_empty() {
-            0
-        } else {
-            store
-                .delete_many(&doomed, DeletePolicy::Cascade)
-                .map_err(|e| e.to_string())?
-                .deleted
-                .len()
-        };
+        let (deleted, _) = delete_listed(store, &marks).map_err(|e| e.to_string())?;
         let mut keep = std::collections::HashSet::new();
         store
             .for_each_text(|t| {

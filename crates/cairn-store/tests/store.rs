@@ -1557,6 +1557,14 @@ fn a_forget_mark_names_the_summaries_left_to_rewrite() {
     let dir = tmp();
     let path = dir.path().join("f.db");
     let mut rng = StdRng::seed_from_u64(29);
+    let listed = |marks: &[cairn_store::ForgetMark], name: &str| -> Vec<MemoryId> {
+        marks
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap()
+            .summaries
+            .clone()
+    };
     let s = open(&path, 16);
     let turns: Vec<MemoryId> = (0..5)
         .map(|i| {
@@ -1604,26 +1612,18 @@ fn a_forget_mark_names_the_summaries_left_to_rewrite() {
     );
     assert_eq!(texts.len(), 3);
     let marks = s.forget_marks().unwrap();
-    let mine = marks.iter().find(|m| m.name == m1).unwrap();
+    let mine = listed(&marks, &m1);
     assert_eq!(
-        mine.summaries.iter().copied().collect::<HashSet<_>>(),
+        mine.iter().copied().collect::<HashSet<_>>(),
         HashSet::from([kept_one, top])
     );
-    assert!(!mine.summaries.contains(&untouched) && !mine.summaries.contains(&above_untouched));
-    assert!(marks
-        .iter()
-        .find(|m| m.name == m2)
-        .unwrap()
-        .summaries
-        .is_empty());
+    assert!(!mine.contains(&untouched) && !mine.contains(&above_untouched));
+    assert!(listed(&marks, &m2).is_empty());
     // A summary written again comes off its mark's list; the other marks are untouched.
     s.unlist_forget_summary(&m1, top).unwrap();
     s.unlist_forget_summary(&m1, untouched).unwrap();
     let marks = s.forget_marks().unwrap();
-    assert_eq!(
-        marks.iter().find(|m| m.name == m1).unwrap().summaries,
-        vec![kept_one]
-    );
+    assert_eq!(listed(&marks, &m1), vec![kept_one]);
     s.unlist_forget_summary(&m1, kept_one).unwrap();
     let marks = s.forget_marks().unwrap();
     assert!(marks.iter().all(|m| m.summaries.is_empty()));
@@ -1633,18 +1633,13 @@ fn a_forget_mark_names_the_summaries_left_to_rewrite() {
         .unwrap();
     s.list_forget_summaries(&m1, &[top]).unwrap();
     let marks = s.forget_marks().unwrap();
-    let mine = marks.iter().find(|m| m.name == m1).unwrap();
-    assert_eq!(mine.summaries.len(), 2);
+    let mine = listed(&marks, &m1);
+    assert_eq!(mine.len(), 2);
     assert_eq!(
-        mine.summaries.iter().copied().collect::<HashSet<_>>(),
+        mine.iter().copied().collect::<HashSet<_>>(),
         HashSet::from([above_untouched, top])
     );
-    assert!(marks
-        .iter()
-        .find(|m| m.name == m2)
-        .unwrap()
-        .summaries
-        .is_empty());
+    assert!(listed(&marks, &m2).is_empty());
     s.unlist_forget_summary(&m1, top).unwrap();
     s.unlist_forget_summary(&m1, above_untouched).unwrap();
 
