@@ -822,9 +822,7 @@ impl MemoryHarness {
             let v = blended_vector(&inner, &text, &source_ids)?;
             let unit = inner.store.refresh_summary(id, text, Some(metadata), v)?;
             // The text replaced (which may quote a source forgotten since) leaves the cache.
-            if old != unit.content {
-                crate::harness::purge_cached(&inner, &[old]);
-            }
+            crate::harness::purge_replaced(&inner, &old, &unit.content);
             Ok(unit)
         })
         .await?

@@ -200,8 +200,9 @@ fn who(item: &SummaryItem) -> String {
 /// The sentence vectors the default summarizer weighs, kept in memory for the life of a
 /// harness (a consolidation's roll-ups read again the lines it embedded a level below),
 /// never written to a file: the embedding cache stores only memories' texts. Bounded
-/// (emptied when full); emptied whenever text leaves the store, so a forgotten sentence is
-/// not kept here either.
+/// (emptied when full); emptied whenever a memory leaves the store (a delete, a forget), so
+/// a forgotten sentence is not kept here either, and rid of a replaced text's sentences that
+/// its new text does not say (an update, a summary written again).
 pub(crate) struct SentenceMemo {
     inner: Arc<dyn Embedder>,
     map: std::sync::Mutex<Memo>,
@@ -232,6 +233,26 @@ impl SentenceMemo {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.vectors.clear();
         m.generation += 1;
+    }
+
+    /// Forgets the sentences `texts` (derived from a text that left the store while the
+    /// sentences of the rest stay), and every sentence being embedded now.
+    pub(crate) fn remove(&self, texts: &[&str]) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for t in texts {
+            m.vectors.remove(*t);
+        }
+        m.generation += 1;
+    }
+
+    /// Whether `sentence` is kept.
+    #[cfg(test)]
+    pub(crate) fn contains(&self, sentence: &str) -> bool {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .vectors
+            .contains_key(sentence)
     }
 
     /// Sentences kept.

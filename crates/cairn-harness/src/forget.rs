@@ -561,4 +561,60 @@ mod tests {
         mem.forget(Forget::Ids(vec![ids[1]])).await.unwrap();
         assert_eq!(memo.len(), 0);
     }
+
+    /// A text replaced in one memory (an update, a stale summary written again) takes from
+    /// the sentence memo only the sentences the new text does not say: the rest stay, so the
+    /// summaries written again do not embed them again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replaced_text_takes_only_its_own_sentences_from_the_memo() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem = hashed(&dir).await;
+        let t = ThreadId::new("t").unwrap();
+        let mut ids = Vec::new();
+        for (i, text) in [
+            "We moved the boat to the north dock. The engine needs a service.",
+            "My niece starts school in May. She already reads well.",
+            "The roof leaks over the kitchen. A builder comes on Monday.",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let m = NewMemory::conversational(t.clone(), Role::User, text)
+                .at(chrono::Utc::now() - chrono::Duration::hours(3 - i as i64));
+            ids.push(mem.add(m).await.unwrap());
+        }
+        let policy = || {
+            crate::ConsolidationPolicy::older_than(std::time::Duration::ZERO)
+                .max_age(std::time::Duration::ZERO)
+        };
+        assert!(!mem
+            .consolidate(policy())
+            .await
+            .unwrap()
+            .summaries
+            .is_empty());
+        let memo = mem.inner.sentences.clone().unwrap();
+        for s in [
+            "The engine needs a service.",
+            "My niece starts school in May.",
+            "She already reads well.",
+        ] {
+            assert!(memo.contains(s), "{s}");
+        }
+        mem.update(
+            ids[1],
+            "My niece starts school in May. She cannot wait to meet her teacher.",
+        )
+        .await
+        .unwrap();
+        assert!(!memo.contains("She already reads well."));
+        assert!(memo.contains("My niece starts school in May."));
+        assert!(memo.contains("The engine needs a service."));
+        // The summary above the updated turn is stale, and written again.
+        let report = mem.consolidate(policy()).await.unwrap();
+        assert!(!report.refreshed.is_empty());
+        assert!(memo.contains("The engine needs a service."));
+        assert!(memo.contains("A builder comes on Monday."));
+        assert!(!memo.contains("She already reads well."));
+    }
 }

@@ -1,6 +1,6 @@
 //! [`MemoryHarness`]: the async API.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -214,8 +214,9 @@ pub(crate) struct Inner {
     pub sqlite: Option<Store>,
     pub embedder: Arc<dyn Embedder>,
     pub cache: Option<Arc<CachedEmbedder>>,
-    /// The default summarizer's sentence vectors (in memory only; emptied when text
-    /// leaves the store). `None` with a summarizer of the caller's.
+    /// The default summarizer's sentence vectors (in memory only; emptied when a memory
+    /// leaves the store, rid of a replaced text's own). `None` with a summarizer of the
+    /// caller's.
     pub sentences: Option<Arc<crate::extractive::SentenceMemo>>,
     pub summarizer: Arc<dyn Summarizer>,
     pub token_counter: Arc<dyn TokenCounter>,
@@ -519,12 +520,12 @@ impl HarnessBuilder {
     }
 }
 
-/// Purges from the embedding cache the vectors of `texts` (memories deleted, or texts
-/// replaced) and of what the extractive summarizer derived from them (sentences, a
-/// summary's lines: what versions before 7fa3dc1 stored too), through this handle's cache
-/// or, when it is off, the file's cache table an earlier open may have filled. `false`
-/// when that failed (logged: the texts stay until an open finishes a forget or they are
-/// evicted).
+/// Purges from the embedding cache the vectors of `texts` (memories deleted or forgotten)
+/// and of what the extractive summarizer derived from them (sentences, a summary's lines:
+/// what versions before 7fa3dc1 stored too), through this handle's cache or, when it is off,
+/// the file's cache table an earlier open may have filled; the sentence memo is emptied.
+/// `false` when that failed (logged: the texts stay until an open finishes a forget or they
+/// are evicted).
 pub(crate) fn purge_cached(inner: &Inner, texts: &[String]) -> bool {
     if texts.is_empty() {
         return true;
@@ -535,10 +536,39 @@ pub(crate) fn purge_cached(inner: &Inner, texts: &[String]) -> bool {
     let all: Vec<String> = texts
         .iter()
         .flat_map(|t| crate::extractive::derived_texts(t))
-        .collect::<std::collections::BTreeSet<_>>()
+        .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    purge_texts(inner, &all)
+}
+
+/// Purges what the text `old` leaves behind when `new` replaces it in one memory (an
+/// update, a summary written again): the texts derived from `old` (see [`purge_cached`])
+/// that are not derived from `new`, from the cache and from the sentence memo (whose other
+/// sentences stay: a roll-up above a summary written again reads its lines, most of them
+/// the old text's, without embedding them again).
+pub(crate) fn purge_replaced(inner: &Inner, old: &str, new: &str) -> bool {
+    if old == new {
+        return true;
+    }
+    let kept: BTreeSet<String> = crate::extractive::derived_texts(new).into_iter().collect();
+    let gone: Vec<String> = crate::extractive::derived_texts(old)
+        .into_iter()
+        .filter(|t| !kept.contains(t))
+        .collect();
+    if let Some(memo) = &inner.sentences {
+        let refs: Vec<&str> = gone.iter().map(String::as_str).collect();
+        memo.remove(&refs);
+    }
+    purge_texts(inner, &gone)
+}
+
+/// Drops `texts` from this handle's cache or, when it is off, the file's cache table.
+fn purge_texts(inner: &Inner, texts: &[String]) -> bool {
+    if texts.is_empty() {
+        return true;
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     let done = match (&inner.cache, &inner.sqlite) {
         (Some(cache), _) => cache.purge(&refs),
         (None, Some(store)) => cairn_embed::purge_file(store.path(), &refs),
@@ -562,7 +592,7 @@ pub(crate) fn delete_listed(
     let listed: Vec<MemoryId> = marks
         .iter()
         .flat_map(|m| m.summaries.iter().copied())
-        .collect::<std::collections::BTreeSet<_>>()
+        .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
     let found = store.existing(&listed)?;
@@ -977,9 +1007,7 @@ impl MemoryHarness {
             let old = inner.store.get(id)?.content;
             let unit = inner.store.update(id, content, metadata, v)?;
             // The text replaced is not the store's any more: the cache forgets it too.
-            if old != unit.content {
-                purge_cached(&inner, &[old]);
-            }
+            purge_replaced(&inner, &old, &unit.content);
             Ok(unit)
         })
         .await?
