@@ -794,6 +794,11 @@ impl MemoryHarness {
     }
 
     /// The underlying store backend (synchronous; call it off the runtime).
+    ///
+    /// Its writes bypass the harness: a delete or an update made here leaves the old text's
+    /// vector in the embedding cache (and its sentences in the summarizer's memory) until
+    /// evicted, and is not erased from the files. Use [`Self::delete`], [`Self::update`]
+    /// and [`Self::forget`] for those.
     pub fn store(&self) -> &dyn MemoryBackend {
         self.inner.store.as_ref()
     }
