@@ -776,6 +776,11 @@ impl MemoryHarness {
                                 reason: format!("refreshing a stale summary: {e}"),
                             });
                         }
+                        // Deleted meanwhile (a forget, a delete that took its last
+                        // source): nothing left to refresh.
+                        Err(HarnessError::NotFound { .. }) => {
+                            failed.insert(unit.id);
+                        }
                         Err(e) => return Err(e),
                     }
                 }
@@ -785,6 +790,13 @@ impl MemoryHarness {
     }
 
     /// Writes a new text for `unit` from its current sources (see [`Self::refresh_summary`]).
+    ///
+    /// Its sources may change while the summarizer runs (a forget or a delete detaches one,
+    /// a late arrival is placed): a text written from sources that are no longer the
+    /// summary's could quote a memory forgotten meanwhile, over the forget's own rewrite.
+    /// So the sources are read again after the write, and the summary written again from
+    /// them until they held still (a source gone before the write is the same case). What
+    /// such a text left in the cache and the sentence memo is purged.
     async fn resummarize(
         &self,
         unit: &MemoryUnit,
@@ -792,40 +804,80 @@ impl MemoryHarness {
         policy: &ConsolidationPolicy,
     ) -> Result<MemoryUnit> {
         let id = unit.id;
-        let inner = self.inner.clone();
-        let sources = blocking(move || inner.store.sources(id)).await??;
-        let request = SummaryRequest {
-            previous: None,
-            items: summary_items(&sources),
-            max_tokens: policy.summary_tokens,
-            level: unit.level.max(1),
-            term_stats: stats.clone(),
-        };
-        let text = checked_summary(
-            self.inner.summarizer.as_ref(),
-            &request,
-            policy.timeout,
-            self.inner.token_counter.as_ref(),
-        )
-        .await?;
+        let mut old = unit.content.clone();
         let mut metadata = unit.metadata.clone();
-        metadata.insert(
-            CONSOLIDATION_KEY.into(),
-            serde_json::json!({ "summarizer": self.inner.summarizer.name() }),
-        );
-        let keywords = summary_keywords(&text, stats.as_deref().unwrap_or(&TermStats::new()), 8);
-        metadata.insert("keywords".into(), keywords.into());
-        let source_ids: Vec<MemoryId> = sources.iter().map(|m| m.id).collect();
-        let inner = self.inner.clone();
-        let old = unit.content.clone();
-        blocking(move || -> Result<MemoryUnit> {
-            let v = blended_vector(&inner, &text, &source_ids)?;
-            let unit = inner.store.refresh_summary(id, text, Some(metadata), v)?;
-            // The text replaced (which may quote a source forgotten since) leaves the cache.
-            crate::harness::purge_replaced(&inner, &old, &unit.content);
-            Ok(unit)
-        })
-        .await?
+        let level = unit.level.max(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let inner = self.inner.clone();
+            let sources = blocking(move || inner.store.sources(id)).await??;
+            let request = SummaryRequest {
+                previous: None,
+                items: summary_items(&sources),
+                max_tokens: policy.summary_tokens,
+                level,
+                term_stats: stats.clone(),
+            };
+            let text = checked_summary(
+                self.inner.summarizer.as_ref(),
+                &request,
+                policy.timeout,
+                self.inner.token_counter.as_ref(),
+            )
+            .await?;
+            metadata.insert(
+                CONSOLIDATION_KEY.into(),
+                serde_json::json!({ "summarizer": self.inner.summarizer.name() }),
+            );
+            let keywords =
+                summary_keywords(&text, stats.as_deref().unwrap_or(&TermStats::new()), 8);
+            metadata.insert("keywords".into(), keywords.into());
+            let source_ids: Vec<MemoryId> = sources.iter().map(|m| m.id).collect();
+            let inner = self.inner.clone();
+            let (written, meta) = (old.clone(), metadata.clone());
+            // The last try's write stands, checked or not.
+            let last = attempt >= REWRITE_ATTEMPTS;
+            let outcome = blocking(move || -> Result<Rewrite> {
+                let v = match blended_vector(&inner, &text, &source_ids) {
+                    Ok(v) => v,
+                    // A source deleted since it was read: the text may quote it.
+                    Err(e @ HarnessError::NotFound { .. }) => {
+                        crate::harness::purge_cached(&inner, &[text]);
+                        if last {
+                            return Err(e);
+                        }
+                        return Ok(Rewrite::Moved(None));
+                    }
+                    Err(e) => return Err(e),
+                };
+                let unit = inner.store.refresh_summary(id, text, Some(meta), v)?;
+                // The text replaced (which may quote a source forgotten since) leaves the cache.
+                crate::harness::purge_replaced(&inner, &written, &unit.content);
+                let now: Vec<MemoryId> = inner.store.sources(id)?.iter().map(|m| m.id).collect();
+                if now == source_ids {
+                    Ok(Rewrite::Done(Box::new(unit)))
+                } else if last {
+                    tracing::warn!(%id, "a summary's sources kept changing while it was written; it stays written from what it held last");
+                    Ok(Rewrite::Done(Box::new(unit)))
+                } else {
+                    // Written from sources it no longer has: what the text quoted of a
+                    // source gone goes from the memo too (it may hold sentences of it
+                    // the text left out).
+                    crate::harness::purge_cached(&inner, std::slice::from_ref(&unit.content));
+                    Ok(Rewrite::Moved(Some(unit.content)))
+                }
+            })
+            .await??;
+            match outcome {
+                Rewrite::Done(unit) => return Ok(*unit),
+                Rewrite::Moved(written) => {
+                    if let Some(w) = written {
+                        old = w;
+                    }
+                }
+            }
+        }
     }
 
     /// Writes a consolidation summary with a vector that stands for both what it says and
@@ -836,12 +888,32 @@ impl MemoryHarness {
     async fn add_summary_blended(&self, summary: NewSummary) -> Result<MemoryUnit> {
         let inner = self.inner.clone();
         blocking(move || -> Result<MemoryUnit> {
-            let v = blended_vector(&inner, &summary.content, &summary.source_ids)?;
-            Ok(inner.store.add_summary(summary, v)?)
+            let text = summary.content.clone();
+            let written = blended_vector(&inner, &summary.content, &summary.source_ids)
+                .and_then(|v| Ok(inner.store.add_summary(summary, v)?));
+            if let Err(HarnessError::NotFound { .. }) = &written {
+                // A source deleted since the chunk was read (a forget, say): the text, which
+                // may quote it, leaves the cache, and what the summarizer embedded of it the
+                // sentence memo.
+                crate::harness::purge_cached(&inner, &[text]);
+            }
+            written
         })
         .await?
     }
 }
+
+/// What one write of [`MemoryHarness::resummarize`] came to.
+enum Rewrite {
+    /// Written from the sources the summary still has.
+    Done(Box<MemoryUnit>),
+    /// Its sources changed meanwhile: written again (with the text written, if any).
+    Moved(Option<String>),
+}
+
+/// How often [`MemoryHarness::resummarize`] writes a summary whose sources keep changing
+/// (the last write stands, logged).
+const REWRITE_ATTEMPTS: u32 = 4;
 
 /// The mean of `text`'s embedding and the centroid of `sources`' embeddings (each unit
 /// length): a summary's vector (see `add_summary_blended`).

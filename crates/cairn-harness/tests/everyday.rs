@@ -845,6 +845,111 @@ async fn a_replaced_text_leaves_the_cache() {
     assert!(cache.contains("Tea at four.").unwrap());
 }
 
+/// A summarizer that holds its first call until released (saying first that it was
+/// entered) and answers it with every item's text, kept; the later calls are extractive.
+struct Gate {
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+    held: std::sync::atomic::AtomicBool,
+    first: std::sync::Mutex<Option<String>>,
+    inner: cairn_harness::ExtractiveSummarizer,
+}
+
+#[async_trait::async_trait]
+impl cairn_core::Summarizer for Gate {
+    fn name(&self) -> &str {
+        "gate"
+    }
+    async fn summarize(
+        &self,
+        r: &cairn_core::SummaryRequest,
+    ) -> Result<String, cairn_core::SummarizeError> {
+        if self.held.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return self.inner.summarize(r).await;
+        }
+        self.entered.notify_one();
+        self.release.notified().await;
+        // (Every item quoted: the forgotten one among them.)
+        let text: Vec<&str> = r.items.iter().map(|i| i.content.as_str()).collect();
+        let text = text.join(" ");
+        *self.first.lock().unwrap() = Some(text.clone());
+        Ok(text)
+    }
+}
+
+/// A consolidation refreshes a stale summary while a forget (another handle on the file)
+/// deletes one of its sources and writes it again: the text the refresh had made from the
+/// sources it read (quoting the forgotten turn) is not written over the forget's; the
+/// summary is written again from what remains, the pass goes on, and that text leaves the
+/// cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_racing_a_forget_is_written_from_what_remains() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(&dir, hash()).await;
+    let t = cairn_core::ThreadId::new("r").unwrap();
+    let mut turns = Vec::new();
+    for (i, l) in [
+        "The safe opens with the plorvanite dial.",
+        "The plumber comes on Tuesday.",
+        "Dinner with Ana on Friday.",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = NewMemory::conversational(t.clone(), Role::User, l)
+            .at(now() - Duration::minutes(10 - i as i64));
+        turns.push(b.add(m).await.unwrap());
+    }
+    let s = b
+        .add_summary("Safe: plorvanite dial; plumber; dinner.", &turns, Some("r"))
+        .await
+        .unwrap();
+    b.update(turns[1], "The plumber comes on Wednesday.")
+        .await
+        .unwrap();
+    let gate = Arc::new(Gate {
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+        held: false.into(),
+        first: std::sync::Mutex::new(None),
+        inner: cairn_harness::ExtractiveSummarizer::new(hash()),
+    });
+    let a = MemoryHarness::builder(dir.path().join("e.db"))
+        .embedder(hash())
+        .clock(Arc::new(ManualClock::new(now())))
+        .summarizer(gate.clone())
+        .build()
+        .await
+        .unwrap();
+    let task = tokio::spawn(async move {
+        let r = a
+            .consolidate(cairn_harness::ConsolidationPolicy::older_than(
+                std::time::Duration::ZERO,
+            ))
+            .await;
+        (a, r)
+    });
+    gate.entered.notified().await;
+    b.forget(Forget::Ids(vec![turns[0]])).await.unwrap();
+    gate.release.notify_one();
+    let (a, report) = task.await.unwrap();
+    let report = report.unwrap();
+    assert!(report.refreshed.contains(&s), "{report:?}");
+    let first = gate.first.lock().unwrap().clone().unwrap();
+    assert!(first.contains("plorvanite"), "{first}");
+    let now_text = b.get(s).await.unwrap().content;
+    assert!(!now_text.contains("plorvanite"), "{now_text}");
+    let sources: Vec<MemoryId> = b
+        .expand_summary(s)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(sources, turns[1..].to_vec());
+    assert!(!a.embedding_cache().unwrap().contains(&first).unwrap());
+}
+
 /// A forget stopped after it had written one summary again (the lower one) and while it
 /// wrote the next: the next open deletes only the one left, not the one already written
 /// again without the forgotten words.
